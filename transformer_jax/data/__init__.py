@@ -1,0 +1,1 @@
+"""Input side: sources of sentence pairs, the SentencePiece tokenizer, grain pipelines."""
