@@ -1,0 +1,334 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (§3) as Flax linen modules.
+
+Reads top to bottom like the paper: embeddings and positional encodings (§3.4–3.5), multi-head attention
+(§3.2), the position-wise feed-forward network (§3.3), encoder and decoder stacks (§3.1).
+
+Initialisation: every projection matrix is Xavier-uniform over its [fan_in, fan_out] matrix view, as in
+tensor2tensor and fairseq; embeddings are normal(0, d_model^-0.5), so that after the ×√d_model of §3.4
+the embedded tokens have unit variance and the tied pre-softmax layer starts with small logits; biases 0,
+LayerNorm scales 1. Every parameter and key activation carries logical axis names
+(`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`) that `sharding.py` maps to mesh axes.
+"""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax import attention
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.tokens import BOS_ID
+
+_REMAT_POLICIES = {
+    'full': None,  # save nothing, recompute the whole layer
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+_xavier = nn.initializers.xavier_uniform()  # DenseGeneral hands it the flattened [fan_in, fan_out] matrix
+
+
+def _param(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+def _constrain(x, names):
+  return nn.with_logical_constraint(x, names)
+
+
+def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5), for any positions."""
+  inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
+  """Decoder inputs for teacher forcing: targets moved one step right, BOS first in every segment.
+
+  Padding positions (target 0) stay 0, so decoder inputs > 0 exactly where there is a target to predict.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is None:
+    starts = jnp.zeros_like(targets, dtype=bool).at[:, 0].set(True)
+  else:
+    starts = segmentation != jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(targets > 0, jnp.where(starts, BOS_ID, shifted), 0)
+
+
+class Embedder(nn.Module):
+  """Token embedding ×√d_model plus positional encoding, then dropout (§3.4, §3.5, §5.4)."""
+
+  config: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, tokens, positions, *, deterministic):
+    cfg = self.config
+    x = self.embedding(tokens) * math.sqrt(cfg.d_model)
+    if cfg.positional == 'sinusoidal':
+      pe = sinusoidal_encoding(positions, cfg.d_model)
+    else:
+      pe = nn.Embed(cfg.max_len, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+                    embedding_init=_param(nn.initializers.normal(cfg.d_model ** -0.5), ('length', 'embed')),
+                    name='position_embedding')(positions)
+    x = (x + pe).astype(cfg.compute_dtype)
+    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    return _constrain(x, ('batch', 'length', 'embed'))
+
+
+def make_embedding(config: ModelConfig) -> nn.Embed:
+  return nn.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
+                  param_dtype=config.weight_dtype,
+                  embedding_init=_param(nn.initializers.normal(config.d_model ** -0.5), ('vocab', 'embed')))
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (§3.2.2).
+
+  With `decode=True` keys and values live in the 'cache' collection: self-attention appends one step at
+  `decode_index`; cross-attention projects the encoder output once, when the cache is created.
+  """
+
+  config: ModelConfig
+  deterministic: bool
+  cross: bool = False
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_q, x_kv, spec: attention.MaskSpec, decode_index=None):
+    cfg = self.config
+    dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=cfg.compute_dtype,
+                              param_dtype=cfg.weight_dtype)
+    heads_k, heads_v = (cfg.num_heads, cfg.head_dim_k), (cfg.num_heads, cfg.head_dim_v)
+    in_init = _param(_xavier, ('embed', 'heads', 'kv'))
+    query_proj = dense(heads_k, kernel_init=in_init, name='query')
+    key_proj = dense(heads_k, kernel_init=in_init, name='key')
+    value_proj = dense(heads_v, kernel_init=in_init, name='value')
+    qkv_names = ('batch', 'length', 'heads', 'kv')
+
+    q = _constrain(query_proj(x_q), qkv_names)
+    if self.decode and self.cross:
+      k = self.variable('cache', 'cached_key', lambda: key_proj(x_kv)).value
+      v = self.variable('cache', 'cached_value', lambda: value_proj(x_kv)).value
+    else:
+      k, v = key_proj(x_kv), value_proj(x_kv)
+      if self.decode:
+        k, v, spec = self._append_to_cache(k, v, spec, decode_index)
+    k, v = _constrain(k, qkv_names), _constrain(v, qkv_names)
+
+    dropout_rng = None
+    if cfg.attention_dropout > 0 and not self.deterministic:
+      dropout_rng = self.make_rng('dropout')
+    if self.is_mutable_collection('intermediates'):
+      out, weights = attention.reference_attention(q, k, v, spec, return_weights=True)
+      self.sow('intermediates', 'attention_weights', weights)
+    else:
+      out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
+                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
+    out = _constrain(out, qkv_names)
+    return dense(cfg.d_model, axis=(-2, -1), name='out',
+                 kernel_init=_param(_xavier, ('heads', 'kv', 'embed')))(out)
+
+  def _append_to_cache(self, k, v, spec, decode_index):
+    """Writes this step's key/value at decode_index; the query then sees cache positions <= decode_index."""
+    creating = not self.has_variable('cache', 'cached_key')
+    cached_k = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
+    if creating:  # the call that sizes the cache: nothing to append yet
+      return k, v, spec
+    cached_k.value = jax.lax.dynamic_update_slice_in_dim(cached_k.value, k, decode_index, axis=1)
+    cached_v.value = jax.lax.dynamic_update_slice_in_dim(cached_v.value, v, decode_index, axis=1)
+    batch, cache_len = cached_k.value.shape[:2]
+    spec = attention.MaskSpec(q_valid=spec.q_valid, kv_valid=jnp.ones((batch, cache_len), bool),
+                              causal=True, q_offset=decode_index)
+    return cached_k.value, cached_v.value, spec
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3)."""
+
+  config: ModelConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+    h = dense(cfg.d_ff, kernel_init=_param(_xavier, ('embed', 'mlp')),
+              bias_init=_param(nn.initializers.zeros, ('mlp',)), name='wi')(x)
+    h = _constrain(nn.relu(h), ('batch', 'length', 'mlp'))
+    h = nn.Dropout(cfg.relu_dropout)(h, deterministic=self.deterministic)
+    return dense(cfg.d_model, kernel_init=_param(_xavier, ('mlp', 'embed')),
+                 bias_init=_param(nn.initializers.zeros, ('embed',)), name='wo')(h)
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
+                      param_dtype=config.weight_dtype, name=name,
+                      scale_init=_param(nn.initializers.ones, ('embed',)),
+                      bias_init=_param(nn.initializers.zeros, ('embed',)))
+
+
+class Residual(nn.Module):
+  """A sublayer with its residual connection: post-LN LayerNorm(x + Dropout(f(x))) (§5.4) or pre-LN."""
+
+  config: ModelConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, sublayer):
+    norm = layer_norm(self.config, 'norm')
+    dropout = nn.Dropout(self.config.dropout)
+    if self.config.norm == 'pre':
+      return x + dropout(sublayer(norm(x)), deterministic=self.deterministic)
+    return norm(x + dropout(sublayer(x), deterministic=self.deterministic))
+
+
+class EncoderLayer(nn.Module):
+  config: ModelConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, spec):
+    cfg, det = self.config, self.deterministic
+    attn = MultiHeadAttention(cfg, det, name='self_attention')
+    x = Residual(cfg, det, name='self_attention_block')(x, lambda y: attn(y, y, spec))
+    x = Residual(cfg, det, name='ffn_block')(x, FeedForward(cfg, det, name='ffn'))
+    return _constrain(x, ('batch', 'length', 'embed'))
+
+
+class DecoderLayer(nn.Module):
+  config: ModelConfig
+  deterministic: bool
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, encoded, self_spec, cross_spec, decode_index=None):
+    cfg, det = self.config, self.deterministic
+    self_attn = MultiHeadAttention(cfg, det, decode=self.decode, name='self_attention')
+    cross_attn = MultiHeadAttention(cfg, det, cross=True, decode=self.decode, name='cross_attention')
+    x = Residual(cfg, det, name='self_attention_block')(x, lambda y: self_attn(y, y, self_spec, decode_index))
+    x = Residual(cfg, det, name='cross_attention_block')(x, lambda y: cross_attn(y, encoded, cross_spec))
+    x = Residual(cfg, det, name='ffn_block')(x, FeedForward(cfg, det, name='ffn'))
+    return _constrain(x, ('batch', 'length', 'embed'))
+
+
+def _maybe_remat(layer_cls, config: ModelConfig, decode=False):
+  if config.remat == 'none' or decode:
+    return layer_cls
+  return nn.remat(layer_cls, policy=_REMAT_POLICIES[config.remat])
+
+
+def _positions_or_default(tokens, positions):
+  if positions is not None:
+    return positions
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+
+
+class Encoder(nn.Module):
+  """N identical layers of self-attention and FFN over the embedded source (§3.1)."""
+
+  config: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None, *, deterministic=True):
+    cfg = self.config
+    spec = attention.MaskSpec(q_valid=inputs > 0, kv_valid=inputs > 0,
+                              q_segment=inputs_segmentation, kv_segment=inputs_segmentation)
+    x = Embedder(cfg, self.embedding, name='embedder')(
+        inputs, _positions_or_default(inputs, inputs_positions), deterministic=deterministic)
+    layer_cls = _maybe_remat(EncoderLayer, cfg)
+    for i in range(cfg.num_encoder_layers):
+      x = layer_cls(cfg, deterministic, name=f'layer_{i}')(x, spec)
+    if cfg.norm == 'pre':
+      x = layer_norm(cfg, 'final_norm')(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """N layers of masked self-attention, encoder-decoder attention and FFN, then the pre-softmax layer."""
+
+  config: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
+               targets_segmentation=None, *, deterministic=True, decode=False):
+    cfg = self.config
+    target_valid = decoder_inputs > 0
+    decode_index = None
+    if decode:
+      creating = not self.has_variable('cache', 'index')
+      index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+      if not creating:
+        decode_index = index.value
+        targets_positions = _positions_or_default(decoder_inputs, None) + decode_index
+        index.value = decode_index + decoder_inputs.shape[1]
+    self_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=target_valid, q_segment=targets_segmentation,
+                                   kv_segment=targets_segmentation, causal=True)
+    cross_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segmentation,
+                                    kv_segment=inputs_segmentation)
+    y = Embedder(cfg, self.embedding, name='embedder')(
+        decoder_inputs, _positions_or_default(decoder_inputs, targets_positions), deterministic=deterministic)
+    layer_cls = _maybe_remat(DecoderLayer, cfg, decode)
+    for i in range(cfg.num_decoder_layers):
+      y = layer_cls(cfg, deterministic, decode, name=f'layer_{i}')(y, encoded, self_spec, cross_spec, decode_index)
+    if cfg.norm == 'pre':
+      y = layer_norm(cfg, 'final_norm')(y)
+    if cfg.share_embeddings:
+      logits = self.embedding.attend(y)
+    else:
+      logits = nn.DenseGeneral(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+                               param_dtype=cfg.weight_dtype, name='logits',
+                               kernel_init=_param(_xavier, ('embed', 'vocab')))(y)
+    return _constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+
+
+class Transformer(nn.Module):
+  """The full encoder-decoder; `encode` and `decode` are separate so inference encodes once."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      self.shared_embedding = make_embedding(cfg)
+      source_embedding = target_embedding = self.shared_embedding
+    else:
+      self.source_embedding = make_embedding(cfg)
+      self.target_embedding = make_embedding(cfg)
+      source_embedding, target_embedding = self.source_embedding, self.target_embedding
+    self.encoder = Encoder(cfg, source_embedding)
+    self.decoder = Decoder(cfg, target_embedding)
+
+  def encode(self, inputs, inputs_positions=None, inputs_segmentation=None, *, deterministic=True):
+    return self.encoder(inputs, inputs_positions, inputs_segmentation, deterministic=deterministic)
+
+  def decode(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
+             targets_segmentation=None, *, deterministic=True, decode=False):
+    """Logits [batch, length, vocab] (float32) for `decoder_inputs` (targets shifted right).
+
+    With decode=True, keys/values come from and go to the 'cache' collection (see `init_cache`) and
+    `decoder_inputs` holds the next token(s) of each row.
+    """
+    return self.decoder(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
+                        targets_segmentation, deterministic=deterministic, decode=decode)
+
+  def init_cache(self, encoded, inputs, max_decode_len: int):
+    """Creates the decoding cache (apply with mutable=['cache']): empty self-attention slots for
+    max_decode_len steps and the cross-attention keys/values of `encoded`."""
+    placeholder = jnp.full((inputs.shape[0], max_decode_len), BOS_ID, jnp.int32)
+    return self.decode(encoded, inputs, placeholder, decode=True)
+
+  def __call__(self, inputs, targets, inputs_positions=None, targets_positions=None, inputs_segmentation=None,
+               targets_segmentation=None, *, deterministic=True):
+    """Teacher-forced logits for `targets` given `inputs` (token ids, 0 = padding)."""
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation, deterministic=deterministic)
+    decoder_inputs = shift_right(targets, targets_segmentation)
+    return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
+                       targets_segmentation, deterministic=deterministic)

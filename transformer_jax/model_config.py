@@ -1,0 +1,101 @@
+"""The model's hyperparameters as a frozen dataclass; derived values (d_k, d_v) are computed here only."""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+POSITIONAL = ('sinusoidal', 'learned')
+NORMS = ('post', 'pre')
+ATTENTIONS = ('reference', 'dot_product', 'chunked')
+REMATS = ('none', 'full', 'dots', 'dots_no_batch')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Defaults are the paper's base model (§3, Table 3 "base")."""
+
+  vocab_size: int = 37000
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  d_k: int | None = None  # None: d_model // num_heads
+  d_v: int | None = None  # None: d_model // num_heads
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  dropout: float = 0.1  # P_drop: residual sublayer outputs and embedding+position sums
+  attention_dropout: float = 0.0
+  relu_dropout: float = 0.0
+  positional: str = 'sinusoidal'
+  max_len: int = 256  # longest sentence (tokens incl. EOS) the model accepts
+  share_embeddings: bool = True  # source, target and pre-softmax weights tied (§3.4)
+  norm: str = 'post'
+  layer_norm_epsilon: float = 1e-6
+  attention: str = 'reference'
+  attention_chunk_size: int = 512  # query and key block length of 'chunked'
+  remat: str = 'none'
+  dtype: str = 'float32'  # compute dtype
+  param_dtype: str = 'float32'
+
+  def __post_init__(self):
+    _check_choice('positional', self.positional, POSITIONAL)
+    _check_choice('norm', self.norm, NORMS)
+    _check_choice('attention', self.attention, ATTENTIONS)
+    _check_choice('remat', self.remat, REMATS)
+    _check_choice('dtype', self.dtype, tuple(DTYPES))
+    _check_choice('param_dtype', self.param_dtype, tuple(DTYPES))
+    if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
+      raise ValueError(
+          f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}: '
+          'change one of them or set model.d_k and model.d_v explicitly.')
+    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'max_len', 'attention_chunk_size'):
+      if getattr(self, name) <= 0:
+        raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}.')
+    for name in ('dropout', 'attention_dropout', 'relu_dropout'):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f'model.{name} must be in [0, 1), got {getattr(self, name)}.')
+    if self.attention == 'dot_product' and self.head_dim_k != self.head_dim_v:
+      raise ValueError(
+          f"model.attention='dot_product' needs d_k == d_v (got {self.head_dim_k} and {self.head_dim_v}): "
+          "use model.attention='reference' or 'chunked'.")
+    if self.positional == 'sinusoidal' and self.d_model % 2:
+      raise ValueError(f'sinusoidal positions need an even model.d_model, got {self.d_model}.')
+    if self.attention_dropout > 0 and self.attention != 'reference':
+      raise ValueError(
+          f"model.attention_dropout={self.attention_dropout} needs model.attention='reference' "
+          f"(the '{self.attention}' implementation has no dropout on attention weights).")
+
+  @property
+  def head_dim_k(self) -> int:
+    return self.d_k or self.d_model // self.num_heads
+
+  @property
+  def head_dim_v(self) -> int:
+    return self.d_v or self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self) -> Any:
+    return DTYPES[self.param_dtype]
+
+  def replace(self, **changes) -> 'ModelConfig':
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_dict(cls, values) -> 'ModelConfig':
+    """Builds from a mapping (e.g. `config.model` of an ml_collections config); unknown keys are errors."""
+    values = dict(values)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f'unknown model config keys {unknown}; valid keys: {sorted(known)}.')
+    return cls(**values)
+
+
+def _check_choice(name, value, choices):
+  if value not in choices:
+    raise ValueError(f'model.{name}={value!r} is not one of {choices}.')
