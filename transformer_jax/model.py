@@ -28,7 +28,7 @@ _REMAT_POLICIES = {
 }
 
 
-_xavier = nn.initializers.xavier_uniform()  # DenseGeneral hands it the flattened [fan_in, fan_out] matrix
+_xavier = nn.initializers.xavier_uniform()
 
 
 def _param(init, names):
@@ -86,6 +86,28 @@ def make_embedding(config: ModelConfig) -> nn.Embed:
                   embedding_init=_param(nn.initializers.normal(config.d_model ** -0.5), ('vocab', 'embed')))
 
 
+class Projection(nn.Module):
+  """x · W contracting x's last `num_in` axes into `features`; W is Xavier-uniform over its matrix view.
+
+  (Like nn.DenseGeneral without a bias, but the kernel is initialised in its true multi-axis shape, so its
+  logical axis names always match its rank.)
+  """
+
+  config: ModelConfig
+  features: tuple[int, ...]
+  names: tuple[str, ...]
+  num_in: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    shape = tuple(x.shape[x.ndim - self.num_in:]) + tuple(self.features)
+    init = nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform', in_axis=tuple(range(self.num_in)),
+                                            out_axis=tuple(range(self.num_in, len(shape))))
+    kernel = self.param('kernel', _param(init, self.names), shape, cfg.weight_dtype)
+    return jnp.tensordot(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), axes=self.num_in)
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (§3.2.2).
 
@@ -101,13 +123,11 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_q, x_kv, spec: attention.MaskSpec, decode_index=None):
     cfg = self.config
-    dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=cfg.compute_dtype,
-                              param_dtype=cfg.weight_dtype)
     heads_k, heads_v = (cfg.num_heads, cfg.head_dim_k), (cfg.num_heads, cfg.head_dim_v)
-    in_init = _param(_xavier, ('embed', 'heads', 'kv'))
-    query_proj = dense(heads_k, kernel_init=in_init, name='query')
-    key_proj = dense(heads_k, kernel_init=in_init, name='key')
-    value_proj = dense(heads_v, kernel_init=in_init, name='value')
+    in_names = ('embed', 'heads', 'kv')
+    query_proj = Projection(cfg, heads_k, in_names, name='query')
+    key_proj = Projection(cfg, heads_k, in_names, name='key')
+    value_proj = Projection(cfg, heads_v, in_names, name='value')
     qkv_names = ('batch', 'length', 'heads', 'kv')
 
     q = _constrain(query_proj(x_q), qkv_names)
@@ -130,8 +150,7 @@ class MultiHeadAttention(nn.Module):
       out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
                              dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
     out = _constrain(out, qkv_names)
-    return dense(cfg.d_model, axis=(-2, -1), name='out',
-                 kernel_init=_param(_xavier, ('heads', 'kv', 'embed')))(out)
+    return Projection(cfg, (cfg.d_model,), ('heads', 'kv', 'embed'), num_in=2, name='out')(out)
 
   def _append_to_cache(self, k, v, spec, decode_index):
     """Writes this step's key/value at decode_index; the query then sees cache positions <= decode_index."""
@@ -283,9 +302,7 @@ class Decoder(nn.Module):
     if cfg.share_embeddings:
       logits = self.embedding.attend(y)
     else:
-      logits = nn.DenseGeneral(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
-                               param_dtype=cfg.weight_dtype, name='logits',
-                               kernel_init=_param(_xavier, ('embed', 'vocab')))(y)
+      logits = Projection(cfg, (cfg.vocab_size,), ('embed', 'vocab'), name='logits')(y)
     return _constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
 

@@ -1,0 +1,30 @@
+"""Trains a Transformer: python train.py --config=configs/default.py --workdir=DIR [--config.key=value ...]."""
+
+import os
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from transformer_jax import distributed
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
+config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:variant]).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and the tokenizer go.', required=True)
+distributed.define_flags()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.key=value.')
+  distributed.initialize_from_flags()
+  from transformer_jax import config_defaults, evaluation, trainer  # after jax.distributed.initialize
+  config = flags.FLAGS.config
+  config_defaults.validate(config)
+  result = trainer.train_and_evaluate(config, _WORKDIR.value)
+  if result['metrics'].get('step') == config.train.num_steps:
+    evaluation.final_report(config, _WORKDIR.value)
+
+
+if __name__ == '__main__':
+  app.run(main)

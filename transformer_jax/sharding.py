@@ -1,0 +1,122 @@
+"""Device mesh from config, logical-axis rules, and helpers that place states and batches on the mesh.
+
+The model names its axes (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`); the config's rules map
+them to the mesh axes `data`, `fsdp` and `tensor`, so changing the parallelism is a config change.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+# Batch over data × fsdp; parameters' embed dimension over fsdp (ZeRO-3 style, optimizer state follows);
+# heads, mlp and vocab over tensor (Megatron-style). Unused mesh axes have size 1, so one rule set serves
+# pure data parallel, FSDP and FSDP × tensor parallel. A mesh axis already used by an earlier dimension of
+# the same array is skipped (flax's rule resolution), e.g. activations' embed stays unsharded.
+DEFAULT_RULES = (
+    ('batch', ('data', 'fsdp')),
+    ('embed', 'fsdp'),
+    ('heads', 'tensor'),
+    ('mlp', 'tensor'),
+    ('vocab', 'tensor'),
+    ('kv', None),
+    ('length', None),
+)
+
+
+def default_mesh_config() -> ml_collections.ConfigDict:
+  """`shape`: ICI axis sizes (-1 fills the remaining devices); `dcn_shape`: axis sizes across slices."""
+  return ml_collections.ConfigDict({
+      'shape': {'data': -1, 'fsdp': 1, 'tensor': 1},
+      'dcn_shape': {'data': 1, 'fsdp': 1, 'tensor': 1},
+      'rules': [list(rule) for rule in DEFAULT_RULES],
+  })
+
+
+def resolve_shape(shape: dict, num_devices: int, what: str = 'mesh.shape') -> tuple[int, ...]:
+  """Axis sizes in MESH_AXES order with -1 filled in; errors say which config key to change."""
+  unknown = sorted(set(shape) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f'{what} has unknown mesh axes {unknown}; the axes are {list(MESH_AXES)}.')
+  sizes = [int(shape.get(axis, 1)) for axis in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f'{what}={dict(shape)} has more than one -1; at most one axis can fill the rest.')
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise ValueError(f'{what}={dict(shape)} cannot fill {num_devices} devices: {known} does not divide it.')
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f'{what}={dict(shape)} uses {math.prod(sizes)} devices but {num_devices} are available; '
+                     f'set the sizes to multiply to {num_devices} or use -1 for one axis.')
+  return tuple(sizes)
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """A mesh over all (or the given) devices; several slices get a hybrid ICI × DCN layout."""
+  devices = jax.devices() if devices is None else list(devices)
+  num_slices = len({getattr(d, 'slice_index', 0) for d in devices})
+  if num_slices > 1:
+    dcn = resolve_shape(mesh_config.dcn_shape, num_slices, 'mesh.dcn_shape')
+    ici = resolve_shape(mesh_config.shape, len(devices) // num_slices)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  else:
+    shape = resolve_shape(mesh_config.shape, len(devices))
+    try:
+      grid = mesh_utils.create_device_mesh(shape, devices)
+    except (ValueError, NotImplementedError, AssertionError):
+      grid = np.asarray(devices).reshape(shape)
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def rules_from_config(mesh_config: ml_collections.ConfigDict) -> tuple:
+  rules = []
+  for rule in mesh_config.rules:
+    logical, mesh_axes = rule
+    for axis in (mesh_axes if isinstance(mesh_axes, (list, tuple)) else [mesh_axes]):
+      if axis is not None and axis not in MESH_AXES:
+        raise ValueError(f'mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; use one of {MESH_AXES}.')
+    rules.append((logical, tuple(mesh_axes) if isinstance(mesh_axes, (list, tuple)) else mesh_axes))
+  return tuple(rules)
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules) -> object:
+  """NamedShardings for a tree of (possibly nn.LogicallyPartitioned) abstract values; others replicated."""
+  specs = nn.get_partition_spec(abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return mesh.shape['data'] * mesh.shape['fsdp']
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec(('data', 'fsdp')))
+
+
+def check_batch_divisible(global_batch: int, mesh: Mesh, what: str):
+  size = data_parallel_size(mesh)
+  if global_batch % size:
+    raise ValueError(f'{what}: a global batch of {global_batch} rows does not divide over the {size} data-parallel '
+                     f'devices (mesh data × fsdp); use a multiple of {size}.')
+
+
+def place_batch(batch: dict, mesh: Mesh) -> dict:
+  """Turns this process's rows (numpy) into global arrays sharded over data × fsdp."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
+
+
+def bytes_per_device(tree) -> dict:
+  """Bytes of a tree's arrays held by each device (for memory accounting and the FSDP test)."""
+  totals = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      totals[shard.device] = totals.get(shard.device, 0) + shard.data.nbytes
+  return totals

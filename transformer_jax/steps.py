@@ -1,0 +1,126 @@
+"""The train state and the pure step functions: (state, batch) -> (state, metrics).
+
+Dropout randomness of step s is `fold_in(state.rng, s)`, so a step's randomness does not depend on
+history and a resumed run repeats the uninterrupted one. An update whose loss or gradients are not
+finite is not applied (the state keeps its last finite values); the loop decides whether to stop.
+"""
+
+import functools
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer_jax import metrics as metrics_lib
+from transformer_jax import sharding
+from transformer_jax.model import Transformer
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: dict
+  opt_state: optax.OptState
+  rng: jax.Array  # raw uint32 key data (checkpoint friendly)
+
+  def as_dict(self) -> dict:
+    return {'step': self.step, 'params': self.params, 'opt_state': self.opt_state, 'rng': self.rng}
+
+  @classmethod
+  def from_dict(cls, d: dict) -> 'TrainState':
+    return cls(step=d['step'], params=d['params'], opt_state=d['opt_state'], rng=d['rng'])
+
+
+def model_inputs(batch: dict) -> dict:
+  """The model's keyword arguments from a pipeline batch (packed rows carry segments and positions)."""
+  return {'inputs': batch['inputs'], 'targets': batch['targets'],
+          'inputs_positions': batch.get('inputs_position'), 'targets_positions': batch.get('targets_position'),
+          'inputs_segmentation': batch.get('inputs_segmentation'),
+          'targets_segmentation': batch.get('targets_segmentation')}
+
+
+def init_state(model: Transformer, tx: optax.GradientTransformation, seed: int, batch_shape) -> TrainState:
+  """A fresh state with boxed (logically named) params; run under eval_shape or jit."""
+  rng = jax.random.key(seed)
+  tokens = jnp.ones(batch_shape, jnp.int32)
+  params = model.init({'params': jax.random.fold_in(rng, 0)}, tokens, tokens)['params']
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=jax.random.key_data(jax.random.fold_in(rng, 1)))
+
+
+def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules):
+  """Shapes and NamedShardings of the train state, computed without allocating it."""
+  boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed),
+                          shardings)
+  return abstract, shardings
+
+
+def create_sharded_state(model, tx, seed, batch_shape, mesh, rules) -> tuple[TrainState, TrainState]:
+  """The initial state, created directly in its sharded layout (no full copy on any one device)."""
+  _, shardings = abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules)
+  # No logical-rules context here: out_shardings places the params, and flax's DenseGeneral would apply
+  # its multi-axis names to the flattened kernel it initialises.
+  state = jax.jit(lambda: nn.unbox(init_state(model, tx, seed, batch_shape)), out_shardings=shardings)()
+  return state, shardings
+
+
+def _micro_batches(batch: dict, count: int) -> dict:
+  """[B, ...] -> [count, B/count, ...] taking every count-th row, so each micro-batch spans all devices."""
+
+  def split(x):
+    rows = x.shape[0]
+    if rows % count:
+      raise ValueError(f'a batch of {rows} rows does not split into train.grad_accum_steps={count} micro-batches.')
+    return jnp.swapaxes(x.reshape(rows // count, count, *x.shape[1:]), 0, 1)
+
+  return jax.tree.map(split, batch)
+
+
+def _loss_sums_and_grads(model, params, batch, rng, smoothing):
+  def loss_fn(p):
+    logits = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng})
+    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing)
+    return sums['loss'], sums
+
+  (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return sums, grads
+
+
+def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.GradientTransformation,
+               schedule: optax.Schedule, smoothing: float, grad_accum_steps: int = 1):
+  """One optimizer update on the per-token mean loss of `batch` (accumulated over micro-batches)."""
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  if grad_accum_steps == 1:
+    sums, grads = _loss_sums_and_grads(model, state.params, batch, rng, smoothing)
+  else:
+    def accumulate(carry, xs):
+      index, micro = xs
+      sums, grads = _loss_sums_and_grads(model, state.params, micro, jax.random.fold_in(rng, index), smoothing)
+      return jax.tree.map(jnp.add, carry, (sums, grads)), None
+
+    zeros = ({k: jnp.zeros((), jnp.float32) for k in metrics_lib.SUM_KEYS},
+             jax.tree.map(jnp.zeros_like, state.params))
+    (sums, grads), _ = jax.lax.scan(accumulate, zeros,
+                                    (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
+  tokens = jnp.maximum(sums['tokens'], 1.0)
+  grads = jax.tree.map(lambda g: g / tokens, grads)
+  grad_norm = optax.global_norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                            opt_state=keep(opt_state, state.opt_state))
+  step_metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
+                      nonfinite=(~finite).astype(jnp.int32))
+  return new_state, step_metrics
+
+
+def eval_step(params, batch: dict, *, model: Transformer, smoothing: float) -> dict:
+  """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off."""
+  logits = model.apply({'params': params}, **model_inputs(batch), deterministic=True)
+  return metrics_lib.token_metrics(logits, batch['targets'], smoothing)
