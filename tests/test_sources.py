@@ -1,0 +1,248 @@
+"""Tests of `load_split` for the three sources: builtin, local files and tfds (without TensorFlow).
+
+The tfds path is tested twice: by name on 'wmt14_translate/de-en' under `tfds.testing.mock_data`
+(which fakes `as_data_source`), and end to end on a tiny real dataset that `prepare_tfds` builds
+as ArrayRecord files in a temp dir and `load_split` reads back by name.
+"""
+
+import logging
+import time
+
+import ml_collections
+import numpy as np
+import pytest
+
+from transformer_jax.data import builtin_corpus, prepare_tfds, sources
+
+tfds = sources.import_tfds()
+
+
+class TransformerJaxTinyTranslate(tfds.core.GeneratorBasedBuilder):
+  """Registers as 'transformer_jax_tiny_translate': 4 train and 2 validation en/de pairs."""
+  VERSION = tfds.core.Version('1.0.0')
+  PAIRS = {'train': [('one cat', 'eine Katze'), ('two dogs', 'zwei Hunde'), ('ü', 'ö'),
+                     ('a house', 'ein Haus')],
+           'validation': [('the end', 'das Ende'), ('the start', 'der Anfang')]}
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self,
+                                 features=tfds.features.Translation(languages=['de', 'en']))
+
+  def _split_generators(self, dl_manager):
+    return {split: self._generate_examples(pairs) for split, pairs in self.PAIRS.items()}
+
+  def _generate_examples(self, pairs):
+    for i, (en, de) in enumerate(pairs):
+      yield i, {'en': en, 'de': de}
+
+
+def _config(**fields):
+  config = sources.default_data_config()
+  config.update(fields)
+  return config
+
+
+def _files_config(tmp_path, split='train', **files):
+  """files: name -> (content bytes or str); makes a files config for `split` pointing at them."""
+  entry = {}
+  for key, content in files.items():
+    path = tmp_path / f'{split}.{key}'
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    entry[key] = str(path)
+  return _config(source='files', files={split: entry})
+
+
+# ----------------------------------------------------------------------------- config, builtin
+
+
+def test_default_data_config():
+  config = sources.default_data_config()
+  assert config.source == 'builtin'
+  assert config.builtin_train_size >= 100_000 and config.builtin_eval_size == 2000
+  assert config.tfds_name == 'wmt14_translate/de-en' and config.tfds_data_dir is None
+  assert (config.source_lang, config.target_lang) == ('en', 'de')
+  assert isinstance(config.files, ml_collections.ConfigDict) and not config.files
+  config.tfds_data_dir = '/data/tfds'  # a typed placeholder, settable from the command line
+
+
+def test_builtin_splits():
+  config = _config(builtin_train_size=300, builtin_eval_size=20, builtin_seed=1)
+  splits = {split: sources.load_split(config, split) for split in builtin_corpus.SPLITS}
+  assert {s: len(x) for s, x in splits.items()} == {'train': 300, 'validation': 20, 'test': 20}
+  expected = builtin_corpus.build_corpus(1, 300, 20)['train']
+  train = splits['train']
+  assert train[7] == (expected[0][7], expected[1][7])
+  assert train[np.int64(7)] == train[7] == train[-293]
+  assert all(isinstance(s, str) and isinstance(t, str) for s, t in train)
+  assert train.skipped_empty == 0
+  with pytest.raises(IndexError):
+    train[300]  # pylint: disable=pointless-statement
+
+
+def test_unknown_split_and_source():
+  with pytest.raises(ValueError, match="no split 'dev'"):
+    sources.load_split(_config(), 'dev')
+  with pytest.raises(ValueError, match="unknown data source 'hf'.*builtin"):
+    sources.load_split(_config(source='hf'), 'train')
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_aligned_files(tmp_path, caplog):
+  config = _files_config(tmp_path, source='\ufeffHello world\r\n\nA  \nB\n',
+                         target='Hallo Welt\r\nx\n\n B \n')
+  with caplog.at_level(logging.WARNING):
+    pairs = sources.load_split(config, 'train')
+  assert list(pairs) == [('Hello world', 'Hallo Welt'), ('B', 'B')]
+  assert pairs.skipped_empty == 2
+  assert 'skipped 2 pairs with an empty side' in caplog.text
+
+
+def test_tsv_file(tmp_path):
+  config = _files_config(tmp_path, tsv='ein\tone\n\nzwei \t two\r\n\t\n')
+  pairs = sources.load_split(config, 'train')
+  assert list(pairs) == [('ein', 'one'), ('zwei', 'two')]
+  assert pairs.skipped_empty == 2
+
+
+def test_tsv_line_without_exactly_one_tab(tmp_path):
+  for bad in ('a\tb\nno tab here\n', 'a\tb\nx\ty\tz\n'):
+    config = _files_config(tmp_path, tsv=bad)
+    with pytest.raises(ValueError, match=r'train\.tsv: line 2 has \d tabs'):
+      sources.load_split(config, 'train')
+
+
+def test_mismatched_line_counts(tmp_path):
+  config = _files_config(tmp_path, source='a\nb\nc\n', target='x\ny\n')
+  with pytest.raises(ValueError) as error:
+    sources.load_split(config, 'train')
+  message = str(error.value)
+  assert 'train.source has 3 lines' in message and 'train.target has 2' in message
+  assert '\n' not in message
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+  config = _files_config(tmp_path, source='a\nb\n', target=b'x\ny \xff\n')
+  with pytest.raises(ValueError, match=r'train\.target: line 2 is not valid UTF-8'):
+    sources.load_split(config, 'train')
+
+
+def test_missing_file_names_path_and_config_key(tmp_path):
+  config = _config(source='files', files={'test': {'tsv': str(tmp_path / 'nope.tsv')}})
+  with pytest.raises(FileNotFoundError, match=r'nope\.tsv does not exist: fix data config key '
+                                              r'files\.test\.tsv'):
+    sources.load_split(config, 'test')
+
+
+def test_empty_split_is_an_error(tmp_path):
+  config = _files_config(tmp_path, source='a\n\n', target='\nb\n')
+  with pytest.raises(ValueError, match=r"split 'train' .* has no pairs \(2 skipped as empty\)"):
+    sources.load_split(config, 'train')
+
+
+def test_unconfigured_or_malformed_split(tmp_path):
+  config = _files_config(tmp_path, tsv='a\tb\n')
+  with pytest.raises(ValueError,
+                     match=r"files\.validation must be .*configured splits: \['train'\]"):
+    sources.load_split(config, 'validation')
+  config.files.train.source = str(tmp_path / 'x')  # both tsv and source
+  with pytest.raises(ValueError, match=r'files\.train must be'):
+    sources.load_split(config, 'train')
+  config.files.train.source = None  # None keys are ignored: a tsv split again
+  assert len(sources.load_split(config, 'train')) == 1
+  config.files.test = 'a.tsv'
+  with pytest.raises(ValueError, match=r"files\.test must be .* it has 'a\.tsv'"):
+    sources.load_split(config, 'test')
+
+
+def test_a_million_pairs_load_in_a_few_seconds(tmp_path):
+  lines = [f'sentence number {i}' for i in range(1_000_000)]
+  source, target, tsv = tmp_path / 'src', tmp_path / 'tgt', tmp_path / 'all.tsv'
+  source.write_text('\n'.join(lines) + '\n')
+  target.write_text('\n'.join(line.upper() for line in lines) + '\n')
+  tsv.write_text(''.join(f'{line}\t{line.upper()}\n' for line in lines))
+  for entry in ({'source': str(source), 'target': str(target)}, {'tsv': str(tsv)}):
+    start = time.process_time()
+    pairs = sources.load_split(_config(source='files', files={'train': entry}), 'train')
+    assert time.process_time() - start < 5  # about 1 s of CPU
+    assert len(pairs) == 1_000_000
+    assert pairs[123_456] == ('sentence number 123456', 'SENTENCE NUMBER 123456')
+
+
+# ----------------------------------------------------------------------------- tfds
+
+
+def _tfds_config(**fields):
+  return _config(source='tfds', **fields)
+
+
+def test_tfds_mock_wmt14_by_name():
+  with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_CODE):
+    raw = tfds.data_source('wmt14_translate/de-en', split='train', download=False)
+    expected = [(str(raw[i]['en']), str(raw[i]['de'])) for i in range(7)]
+    pairs = sources.load_split(_tfds_config(), 'train')
+    assert len(pairs) == 7
+    assert [pairs[i] for i in range(7)] == expected
+    assert all(type(s) is str and type(t) is str for s, t in pairs)
+    reverse = sources.load_split(_tfds_config(source_lang='de', target_lang='en'), 'test')
+    assert reverse[3] == expected[3][::-1]
+
+
+def test_tfds_prepared_dataset_end_to_end(tmp_path, capsys):
+  config = _tfds_config(tfds_name='transformer_jax_tiny_translate', tfds_data_dir=str(tmp_path))
+  with pytest.raises(ValueError) as error:
+    sources.load_split(config, 'train')
+  assert 'transformer_jax_tiny_translate is not prepared in' in str(error.value)
+
+  prepare_tfds.main(['--name=transformer_jax_tiny_translate', f'--data_dir={tmp_path}'])
+  assert 'transformer_jax_tiny_translate is ready in' in capsys.readouterr().out
+  assert list(tmp_path.glob('transformer_jax_tiny_translate/1.0.0/*.array_record-*'))
+  train = sources.load_split(config, 'train')
+  assert sorted(train) == sorted(TransformerJaxTinyTranslate.PAIRS['train'])  # tfds shuffles
+  validation = sources.load_split(config, 'validation')
+  assert sorted(validation) == sorted(TransformerJaxTinyTranslate.PAIRS['validation'])
+  assert sorted(sources.load_split(config, 'train[:50%]')) != sorted(train)
+  with pytest.raises(ValueError,
+                     match=r"cannot read split 'test' .*splits: \['train', 'validation'\]"):
+    sources.load_split(config, 'test')
+
+
+def test_tfds_not_prepared_says_how_to_prepare(tmp_path):
+  with pytest.raises(ValueError) as error:
+    sources.load_split(_tfds_config(tfds_data_dir=str(tmp_path)), 'train')
+  assert str(error.value) == (
+      f'wmt14_translate/de-en is not prepared in {tmp_path}: on a machine with internet run: '
+      f'python -m transformer_jax.data.prepare_tfds --name=wmt14_translate/de-en '
+      f'--data_dir={tmp_path}  (which runs: tfds build wmt14_translate/de-en '
+      f'--file_format=array_record --data_dir={tmp_path})')
+
+
+def test_tfds_unknown_dataset_or_config(tmp_path):
+  with pytest.raises(ValueError) as error:
+    sources.load_split(_tfds_config(tfds_name='wmt14_translat/de-en', tfds_data_dir=str(tmp_path)),
+                       'train')
+  message = str(error.value)
+  assert "unknown tfds dataset 'wmt14_translat'" in message
+  assert 'did you mean wmt14_translate' in message and '\n' not in message
+  with pytest.raises(ValueError) as error:
+    sources.load_split(_tfds_config(tfds_name='wmt14_translate/xx-en', tfds_data_dir=str(tmp_path)),
+                       'train')
+  assert 'its configs: cs-en, de-en, fr-en' in str(error.value) and '\n' not in str(error.value)
+
+
+def test_tfds_language_must_be_in_the_translation_feature(tmp_path):
+  config = _tfds_config(target_lang='fr', tfds_data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match=r"has no language 'fr' \(its features: \['de', 'en'\]\); "
+                                       r'set data config key target_lang'):
+    sources.load_split(config, 'train')
+  with pytest.raises(ValueError, match=r"mnist has no language 'en' \(its features: "):
+    sources.load_split(_tfds_config(tfds_name='mnist', tfds_data_dir=str(tmp_path)), 'train')
+
+
+def test_prepare_tfds_arguments():
+  args = prepare_tfds.parse_args(['--name=wmt14_translate/de-en', '--data_dir=/data'])
+  assert (args.name, args.data_dir) == ('wmt14_translate/de-en', '/data')
+  assert prepare_tfds.parse_args(['--name', 'x']).data_dir is None
+  with pytest.raises(SystemExit):
+    prepare_tfds.parse_args([])

@@ -1,0 +1,279 @@
+"""Sources of (source_text, target_text) sentence pairs: the built-in corpus, tfds, local files.
+
+`load_split(data_config, split)` returns a *source split*: a random-access sequence of
+`(source, target)` str pairs (`len(x)`, `x[i]` for an int i), deterministic and cheap to index.
+
+Fields of `data_config` (an `ml_collections.ConfigDict`; `default_data_config()` gives them all):
+
+* `source`: where pairs come from: 'builtin' | 'tfds' | 'files'.
+* `builtin_seed`, `builtin_train_size`, `builtin_eval_size` ('builtin'): seed and sizes of the
+  generated English -> German corpus (`builtin_corpus`); validation and test have eval_size pairs
+  each. Splits: 'train', 'validation', 'test'.
+* `tfds_name` ('tfds'): a tfds dataset with a `Translation` feature, with config, e.g.
+  'wmt14_translate/de-en'. It must have been prepared in ArrayRecord format beforehand (see
+  `prepare_tfds.py`); it is read with `as_data_source`, so TensorFlow is not needed. Splits: those
+  of the dataset, with tfds slicing ('train[:10%]').
+* `tfds_data_dir` ('tfds'): the tfds data directory; None means tfds' default ($TFDS_DATA_DIR or
+  ~/tensorflow_datasets).
+* `source_lang`, `target_lang` ('tfds'): the translation direction, as keys of the Translation
+  feature, e.g. 'en' -> 'de'.
+* `files` ('files'): split name -> `{'source': path, 'target': path}` (two aligned plain-text
+  files, one sentence per line) or `{'tsv': path}` (one file, `source<TAB>target` per line); keys
+  left None are ignored. Files must be UTF-8 (strict: an invalid byte is an error naming file and
+  line, never replaced); a leading BOM and surrounding whitespace (including '\\r') are dropped;
+  pairs with an empty side are skipped, counted in `skipped_empty` of the split and logged. A TSV
+  line that is not blank must hold exactly one tab.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections.abc
+import difflib
+import importlib
+import operator
+import pathlib
+from typing import Any, Sequence
+
+from absl import logging
+import ml_collections
+
+from transformer_jax.data import builtin_corpus
+
+SOURCES = ('builtin', 'tfds', 'files')
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """All data-source fields with their defaults: the built-in corpus."""
+  return ml_collections.ConfigDict({
+      'source': 'builtin',
+      'builtin_seed': 0,
+      'builtin_train_size': 200_000,
+      'builtin_eval_size': 2000,
+      'tfds_name': 'wmt14_translate/de-en',
+      'tfds_data_dir': ml_collections.config_dict.placeholder(str),
+      'source_lang': 'en',
+      'target_lang': 'de',
+      'files': ml_collections.ConfigDict(),
+  })
+
+
+class PairSequence(collections.abc.Sequence):
+  """An in-memory source split: two aligned sequences of sentences.
+
+  skipped_empty: how many input pairs were dropped because a side was empty.
+  """
+
+  def __init__(self, sources: Sequence[str], targets: Sequence[str], skipped_empty: int = 0):
+    if len(sources) != len(targets):
+      raise ValueError(f'{len(sources)} sources but {len(targets)} targets')
+    self._sources = sources
+    self._targets = targets
+    self.skipped_empty = skipped_empty
+
+  def __len__(self) -> int:
+    return len(self._sources)
+
+  def __getitem__(self, index: int) -> tuple[str, str]:
+    i = operator.index(index)
+    return self._sources[i], self._targets[i]
+
+
+def load_split(data_config: ml_collections.ConfigDict, split: str) -> Sequence[tuple[str, str]]:
+  """The `split` of the source chosen by `data_config.source` (see the module docstring).
+
+  'builtin' and 'files' splits are `PairSequence`s (with `skipped_empty`); 'tfds' ones `TfdsPairs`.
+  """
+  loaders = {'builtin': _load_builtin, 'tfds': _load_tfds, 'files': _load_files}
+  if data_config.source not in loaders:
+    raise ValueError(f'unknown data source {data_config.source!r}: set data config key source '
+                     f'to one of {SOURCES}')
+  return loaders[data_config.source](data_config, split)
+
+
+# ----------------------------------------------------------------------------- builtin
+
+
+def _load_builtin(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
+  if split not in builtin_corpus.SPLITS:
+    raise ValueError(f'the builtin corpus has no split {split!r}; use one of '
+                     f'{builtin_corpus.SPLITS}')
+  corpus = builtin_corpus.build_corpus(data_config.builtin_seed, data_config.builtin_train_size,
+                                       data_config.builtin_eval_size)
+  return PairSequence(*corpus[split])
+
+
+# ----------------------------------------------------------------------------- tfds
+
+
+def import_tfds() -> Any:
+  """tensorflow_datasets, with its legacy translation builders (wmt*, ...) registered.
+
+  tfds imports its dataset modules lazily and without TensorFlow `tfds.builder` does not find
+  the translate ones by name until the package is imported.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  importlib.import_module('tensorflow_datasets.translate')
+  return tfds
+
+
+def prepare_command(name: str, data_dir: str) -> str:
+  """The shell command that prepares `name` for `load_split`, and what it runs."""
+  return (f'python -m transformer_jax.data.prepare_tfds --name={name} --data_dir={data_dir}  '
+          f'(which runs: tfds build {name} --file_format=array_record --data_dir={data_dir})')
+
+
+class TfdsPairs(collections.abc.Sequence):
+  """A tfds ArrayRecord data source seen as (source, target) str pairs."""
+
+  def __init__(self, data_source: Sequence[Any], source_lang: str, target_lang: str):
+    self._data_source = data_source
+    self._source_lang = source_lang
+    self._target_lang = target_lang
+
+  def __len__(self) -> int:
+    return len(self._data_source)
+
+  def __getitem__(self, index: int) -> tuple[str, str]:
+    i, size = operator.index(index), len(self._data_source)
+    if not -size <= i < size:  # checked here: not every data source raises (tfds mocks do not)
+      raise IndexError(f'index {i} out of range for {size} pairs')
+    example = self._data_source[i % size]
+    return _text(example[self._source_lang]), _text(example[self._target_lang])
+
+
+def _text(value: str | bytes) -> str:
+  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def _load_tfds(data_config: ml_collections.ConfigDict, split: str) -> TfdsPairs:
+  tfds = import_tfds()
+  name = data_config.tfds_name
+  builder = _tfds_builder(tfds, name, data_config.tfds_data_dir)
+  features = builder.info.features
+  languages = sorted(features.keys()) if isinstance(features, tfds.features.FeaturesDict) else []
+  for key in ('source_lang', 'target_lang'):
+    if data_config[key] not in languages:
+      raise ValueError(f'{name} has no language {data_config[key]!r} (its features: {languages}); '
+                       f'set data config key {key} to one of them')
+  try:
+    data_source = builder.as_data_source(split=split)
+  except (KeyError, ValueError, NotImplementedError) as e:
+    raise ValueError(_tfds_failure(builder, name, split, e)) from e
+  return TfdsPairs(data_source, data_config.source_lang, data_config.target_lang)
+
+
+def _tfds_builder(tfds: Any, name: str, data_dir: str | None) -> Any:
+  """`tfds.builder(name)`, or a one-line error suggesting close dataset or config names."""
+  dataset = name.split('/')[0]
+  try:
+    return tfds.builder(name, data_dir=data_dir, file_format='array_record')
+  except tfds.core.DatasetNotFoundError as e:
+    known = tfds.list_builders(with_community_datasets=False)
+    close = difflib.get_close_matches(dataset, known)
+    hint = f'; did you mean {", ".join(close)}?' if close else ''
+    raise ValueError(f'unknown tfds dataset {dataset!r} (data config key tfds_name={name!r})'
+                     f'{hint}') from e
+  except ValueError as e:  # e.g. an unknown config; tfds' message may span several lines
+    known = tfds.list_builders(with_community_datasets=False)
+    configs = sorted(tfds.builder_cls(dataset).builder_configs) if dataset in known else []
+    hint = f' (its configs: {", ".join(configs)})' if configs else ''
+    raise ValueError(f'cannot open tfds dataset {name!r}{hint}: {" ".join(str(e).split())}') from e
+
+
+def _tfds_failure(builder: Any, name: str, split: str, error: Exception) -> str:
+  """A one-line reason why `as_data_source(split)` failed."""
+  data_dir = str(builder.data_dir_root)
+  if not builder.is_prepared():
+    return f'{name} is not prepared in {data_dir}: on a machine with internet run: ' + (
+        prepare_command(name, data_dir))
+  formats = sorted(f.value for f in builder.info.available_file_formats())
+  if 'array_record' not in formats:
+    return (f'{name} is prepared in {data_dir} as {formats}, not array_record, which random '
+            f'access needs; rebuild it: {prepare_command(name, data_dir)}')
+  return (f'cannot read split {split!r} of {name} (its splits: {sorted(builder.info.splits)}): '
+          f'{" ".join(str(error).split())}')
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
+  entry = data_config.files.get(split)
+  is_mapping = hasattr(entry, 'items')
+  paths = {k: v for k, v in entry.items() if v is not None} if is_mapping else {}
+  key = f'files.{split}'
+  if set(paths) == {'source', 'target'}:
+    source_lines = _read_lines(paths['source'], f'{key}.source')
+    target_lines = _read_lines(paths['target'], f'{key}.target')
+    if len(source_lines) != len(target_lines):
+      raise ValueError(f'{paths["source"]} has {len(source_lines)} lines but {paths["target"]} '
+                       f'has {len(target_lines)}; aligned files need one sentence per line each')
+    description = f'{paths["source"]} + {paths["target"]}'
+    pairs = zip(source_lines, target_lines)
+  elif set(paths) == {'tsv'}:
+    description = paths['tsv']
+    pairs = _split_tsv(_read_lines(paths['tsv'], f'{key}.tsv'), paths['tsv'])
+  else:
+    found = sorted(paths) if is_mapping else repr(entry)
+    raise ValueError(f'data config key {key} must be {{source: path, target: path}} or '
+                     f'{{tsv: path}}; it has {found} (configured splits: '
+                     f'{sorted(data_config.files.keys())})')
+  sources, targets, skipped = _drop_empty(pairs)
+  if skipped:
+    logging.warning('%s: skipped %d pairs with an empty side', description, skipped)
+  if not sources:
+    raise ValueError(f'split {split!r} from {description} has no pairs '
+                     f'({skipped} skipped as empty)')
+  logging.info('%s: %d pairs for split %s', description, len(sources), split)
+  return PairSequence(sources, targets, skipped_empty=skipped)
+
+
+def _read_lines(path: str, key: str) -> list[str]:
+  """All lines of a UTF-8 file (strict), without line ends and without a leading BOM."""
+  try:
+    data = pathlib.Path(path).read_bytes()
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f'{path} does not exist: fix data config key {key}') from e
+  if data.startswith(codecs.BOM_UTF8):
+    data = data[len(codecs.BOM_UTF8):]
+  try:
+    text = data.decode('utf-8')
+  except UnicodeDecodeError as e:
+    line = data.count(b'\n', 0, e.start) + 1
+    raise ValueError(f'{path}: line {line} is not valid UTF-8 ({e.reason} at byte {e.start}); '
+                     'convert the file to UTF-8') from e
+  lines = text.split('\n')  # not splitlines(): it also splits on \x0b, \x1c, \u2028, ...
+  if lines[-1] == '':
+    lines.pop()
+  return lines
+
+
+def _split_tsv(lines: list[str], path: str) -> list[tuple[str, str]]:
+  """source<TAB>target per line; a blank line is kept (as an empty pair, counted later)."""
+  pairs = []
+  for number, line in enumerate(lines, start=1):
+    fields = line.split('\t')
+    if len(fields) == 2:
+      pairs.append((fields[0], fields[1]))
+    elif line.strip():
+      raise ValueError(f'{path}: line {number} has {len(fields) - 1} tabs; each line must be '
+                       'source<TAB>target')
+    else:
+      pairs.append(('', ''))
+  return pairs
+
+
+def _drop_empty(
+    pairs: collections.abc.Iterable[tuple[str, str]]) -> tuple[list[str], list[str], int]:
+  """Strips both sides; returns the sources, targets and number of pairs with an empty side."""
+  sources, targets = [], []
+  skipped = 0
+  for source, target in pairs:
+    source, target = source.strip(), target.strip()
+    if source and target:
+      sources.append(source)
+      targets.append(target)
+    else:
+      skipped += 1
+  return sources, targets, skipped
