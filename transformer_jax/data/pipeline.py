@@ -1,0 +1,338 @@
+"""Grain input pipelines: sentence pairs -> encoded, filtered, shuffled, batched numpy batches.
+
+Training batches come in one of two layouts (`pipeline.batching`):
+- 'packed': several examples per row of `packed_length` tokens (grain's first-fit packing); an
+  example's source goes into 'inputs' and its target into 'targets' of the same row, both with
+  the same segment id. Rows per batch are fixed, so every batch has the same shape.
+- 'token_budget': examples bucketed by length as in the paper (§5.1): each batch holds examples
+  of one length bucket, padded to the bucket length, with rows*length <= `tokens_per_batch`.
+
+Every batch is a dict of int32 arrays with the keys `BATCH_KEYS`: 'inputs', 'targets' [B, L]
+(0 = padding), '*_segmentation' (1, 2, ... per example in a row, 0 for padding) and
+'*_position' (0-based, restarting at each segment), so the model has one code path.
+
+Host sharding (process_count > 1):
+- packed: examples are sharded by index (`pairs[process_index::process_count]`) before the
+  per-host shuffle; every host packs its own shard into batches of batch_size/process_count rows.
+- token_budget: every host runs the same global pipeline (same shuffle, same buckets) and keeps
+  its contiguous slice of the rows of each global batch, since batch shapes depend on the data.
+Either way the hosts together see every example once per epoch and all hosts yield batches of
+the same shapes in the same order, as `jax.make_array_from_process_local_data` requires.
+
+Iterator state (`it.get_state()` / `it.set_state(...)`, JSON-serializable, saved in orbax with
+`grain.checkpoint.CheckpointHandler`) restores the exact batch sequence.
+
+Parallelism: `read_threads` threads encode examples; `num_workers` > 0 runs the whole pipeline
+in that many grain worker processes (`mp_prefetch`), the way to scale on hosts with many cores
+(the batch sequence then depends on num_workers, so keep it fixed across a run's restarts).
+"""
+
+import bisect
+import functools
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+from absl import flags, logging
+
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.tokens import EOS_ID, PAD_ID
+
+BATCH_KEYS = ('inputs', 'targets', 'inputs_segmentation', 'targets_segmentation',
+              'inputs_position', 'targets_position')
+BATCHINGS = ('packed', 'token_budget')
+Example = dict[str, Any]  # 'inputs', 'targets': int32 token ids incl. EOS; 'index' (train only)
+
+
+def default_pipeline_config() -> ml_collections.ConfigDict:
+  """Defaults: packed rows of 256 tokens, 128 rows (~25k real tokens per side, like the paper)."""
+  return ml_collections.ConfigDict({
+      'batching': 'packed',  # 'packed' or 'token_budget'
+      'max_length': 256,  # longest sentence kept for training, in tokens incl. EOS
+      'packed_length': 256,  # row length in packed mode (>= max_length)
+      'batch_size': 128,  # packed mode: rows per GLOBAL batch
+      'tokens_per_batch': 25000,  # token_budget mode: GLOBAL rows * bucket length, per side
+      'bucket_boundaries': (8, 16, 24, 32, 48, 64, 96, 128, 192, 256),  # token_budget lengths
+      'batch_multiple': 8,  # global rows per batch are a multiple of this (e.g. device count)
+      'shuffle_seed': 0,  # reshuffled differently (and reproducibly) every epoch
+      'read_threads': 0,  # encoding threads (grain ReadOptions); 0 = inline, least CPU (GIL)
+      'num_workers': 0,  # > 0: processes each running the pipeline on a slice (grain mp_prefetch)
+  })
+
+
+class FilterStats:
+  """Counts the training examples examined and dropped (too long, or empty after encoding).
+
+  Counted each time an example is encoded (thread-safe), by every iterator of the dataset,
+  prefetched and restored examples included; not part of the iterator state. One absl log line
+  per epoch's worth of examined examples. With pipeline.num_workers > 0 the counting happens in
+  the worker processes: only their log lines report it, this object stays at 0.
+  """
+
+  def __init__(self):
+    self.examined = 0
+    self.too_long = 0
+    self.empty = 0
+    self._lock = threading.Lock()
+
+  def __getstate__(self) -> dict[str, int]:  # picklable for grain's worker processes
+    return {key: value for key, value in vars(self).items() if key != '_lock'}
+
+  def __setstate__(self, state: dict[str, int]):
+    vars(self).update(state, _lock=threading.Lock())
+
+  @property
+  def dropped(self) -> int:
+    return self.too_long + self.empty
+
+  def __str__(self) -> str:
+    return (f'dropped {self.dropped} of {self.examined} examples examined'
+            f' ({self.too_long} longer than max_length, {self.empty} empty after encoding)')
+
+  def record(self, reason: str | None, epoch_size: int, max_length: int):
+    """Counts one example (`reason` is None, 'too_long' or 'empty'); logs once per epoch."""
+    with self._lock:
+      self.examined += 1
+      if reason is not None:
+        setattr(self, reason, getattr(self, reason) + 1)
+      if self.examined % epoch_size:
+        return
+      logging.info('Training data filter: %s.', self)
+      if self.dropped == self.examined:
+        raise ValueError(f'The training filter {self}; raise pipeline.max_length={max_length} or'
+                         ' check the data.')
+
+
+def encode_pair(tokenizer: Tokenizer, pair: tuple[str, str]) -> Example:
+  """Source and target token ids, each followed by EOS."""
+  return {key: np.array(tokenizer.encode(text) + [EOS_ID], np.int32)
+          for key, text in zip(('inputs', 'targets'), pair)}
+
+
+def _encode_and_filter(index: int, pair: tuple[str, str], *, tokenizer: Tokenizer,
+                       max_length: int, stats: FilterStats, epoch_size: int) -> Example | None:
+  """The encoded example with its dataset index, or None if it is too long or empty."""
+  example = encode_pair(tokenizer, pair)
+  lengths = (len(example['inputs']), len(example['targets']))
+  reason = 'empty' if min(lengths) == 1 else 'too_long' if max(lengths) > max_length else None
+  stats.record(reason, epoch_size, max_length)
+  if reason is not None:
+    return None
+  example['index'] = index
+  return example
+
+
+def pad_batch(examples: Sequence[Example], rows: int, length: int) -> dict[str, np.ndarray]:
+  """One example per row, padded to [rows, length]; rows past the examples are all padding."""
+  batch = {key: np.zeros((rows, length), np.int32) for key in BATCH_KEYS}
+  for row, example in enumerate(examples):
+    for key in ('inputs', 'targets'):
+      tokens = example[key]
+      batch[key][row, :len(tokens)] = tokens
+      batch[f'{key}_segmentation'][row, :len(tokens)] = 1
+      batch[f'{key}_position'][row, :len(tokens)] = np.arange(len(tokens))
+  return batch
+
+
+def _packed_batch(packed: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+  """Renames grain's packing keys to `BATCH_KEYS`; pads the last batch of a finite pipeline."""
+  batch = {}
+  for key in ('inputs', 'targets'):
+    batch[key] = packed[key]
+    batch[f'{key}_segmentation'] = packed[f'{key}_segment_ids']
+    batch[f'{key}_position'] = packed[f'{key}_positions']
+  missing = rows - len(batch['inputs'])
+  return {key: np.pad(value, ((0, missing), (0, 0))).astype(np.int32)
+          for key, value in batch.items()}
+
+
+def _host_rows(batch: dict[str, np.ndarray], *, process_index: int,
+               process_count: int) -> dict[str, np.ndarray]:
+  """This host's contiguous slice of the rows of a global batch."""
+  rows = len(next(iter(batch.values()))) // process_count
+  return {key: value[process_index * rows:(process_index + 1) * rows]
+          for key, value in batch.items()}
+
+
+class _BucketBatchIterator(grain.DatasetIterator):
+  """Buffers examples per length bucket and emits a bucket's batch once it is full.
+
+  The state is the parent's position plus the dataset indices of the buffered examples, which
+  are re-read by index on restore, so a restored iterator continues exactly.
+  """
+
+  def __init__(self, parent: grain.DatasetIterator, examples: grain.MapDataset,
+               boundaries: Sequence[int], batch_sizes: Sequence[int]):
+    super().__init__(parent)
+    self._examples = examples
+    self._boundaries = boundaries
+    self._batch_sizes = batch_sizes
+    self._buffers = [[] for _ in boundaries]
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    for example in self._parent:
+      length = max(len(example['inputs']), len(example['targets']))
+      bucket = bisect.bisect_left(self._boundaries, length)
+      self._buffers[bucket].append(example)
+      if len(self._buffers[bucket]) == self._batch_sizes[bucket]:
+        return self._emit(bucket)
+    for bucket, buffer in enumerate(self._buffers):  # a finite parent ended: flush, padded
+      if buffer:
+        return self._emit(bucket)
+    raise StopIteration
+
+  def _emit(self, bucket: int) -> dict[str, np.ndarray]:
+    examples, self._buffers[bucket] = self._buffers[bucket], []
+    return pad_batch(examples, self._batch_sizes[bucket], self._boundaries[bucket])
+
+  def get_state(self) -> dict[str, Any]:
+    return {'parent': self._parent.get_state(),
+            'buffered': [[int(example['index']) for example in buffer]
+                         for buffer in self._buffers]}
+
+  def set_state(self, state: dict[str, Any]):
+    self._parent.set_state(state['parent'])
+    self._buffers = [[self._examples[index] for index in indices]
+                     for indices in state['buffered']]
+
+
+class _BucketBatchIterDataset(grain.IterDataset):
+  """Token-budget batches from a MapDataset of encoded examples (None = filtered out)."""
+
+  def __init__(self, examples: grain.MapDataset, read_options: grain.ReadOptions,
+               boundaries: Sequence[int], batch_sizes: Sequence[int]):
+    super().__init__(examples.to_iter_dataset(read_options))
+    self._examples = examples
+    self._boundaries = boundaries
+    self._batch_sizes = batch_sizes
+
+  def __iter__(self) -> _BucketBatchIterator:
+    return _BucketBatchIterator(self._parent.__iter__(), self._examples, self._boundaries,
+                                self._batch_sizes)
+
+
+def _check_hosts(process_index: int, process_count: int):
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} is not in [0, process_count={process_count});'
+                     ' pass jax.process_index() and jax.process_count().')
+
+
+def _row_multiple(config: ml_collections.ConfigDict, process_count: int) -> int:
+  """Global rows per batch must split over the devices (batch_multiple) and over the hosts."""
+  if config.batch_multiple < 1:
+    raise ValueError(f'pipeline.batch_multiple={config.batch_multiple}; set it to >= 1 (e.g. the'
+                     ' number of data-parallel devices).')
+  return math.lcm(config.batch_multiple, process_count)
+
+
+def bucket_batch_sizes(config: ml_collections.ConfigDict, process_count: int = 1) -> list[int]:
+  """Global rows per batch of each bucket: the most within the token budget, a row multiple."""
+  boundaries = list(config.bucket_boundaries)
+  if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
+    raise ValueError(f'pipeline.bucket_boundaries={boundaries}; set them to increasing positive'
+                     ' lengths.')
+  if boundaries[-1] < config.max_length:
+    raise ValueError(f'pipeline.bucket_boundaries end at {boundaries[-1]} <'
+                     f' pipeline.max_length={config.max_length}; add a bucket >= max_length.')
+  multiple = _row_multiple(config, process_count)
+  sizes = [config.tokens_per_batch // length // multiple * multiple for length in boundaries]
+  if sizes[-1] == 0:
+    raise ValueError(f'pipeline.tokens_per_batch={config.tokens_per_batch} cannot hold {multiple}'
+                     f' rows of the longest bucket ({boundaries[-1]}); set it to >='
+                     f' {multiple * boundaries[-1]}.')
+  return sizes
+
+
+def _packed_rows(config: ml_collections.ConfigDict, process_count: int) -> int:
+  """Rows per host batch in packed mode."""
+  multiple = _row_multiple(config, process_count)
+  if config.batch_size < 1 or config.batch_size % multiple:
+    raise ValueError(f'pipeline.batch_size={config.batch_size} must be a positive multiple of'
+                     f' {multiple} (batch_multiple={config.batch_multiple}, {process_count}'
+                     ' hosts); change pipeline.batch_size.')
+  if config.packed_length < config.max_length:
+    raise ValueError(f'pipeline.packed_length={config.packed_length} <'
+                     f' pipeline.max_length={config.max_length}; set packed_length >= max_length.')
+  return config.batch_size // process_count
+
+
+def _packed_batches(examples: grain.IterDataset, config: ml_collections.ConfigDict,
+                    process_count: int) -> grain.IterDataset:
+  """First-fit packs examples into rows, one packing group of `rows` rows per host batch."""
+  rows = _packed_rows(config, process_count)
+  length = {'inputs': config.packed_length, 'targets': config.packed_length}
+  packed = grain.experimental.FirstFitPackIterDataset(
+      examples, length_struct=length, num_packing_bins=rows, shuffle_bins=False)
+  return packed.batch(rows).map(functools.partial(_packed_batch, rows=rows))
+
+
+def make_train_dataset(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
+                       config: ml_collections.ConfigDict, *, process_index: int = 0,
+                       process_count: int = 1, num_epochs: int | None = None,
+                       filter_stats: FilterStats | None = None) -> grain.IterDataset:
+  """This host's training batches: shuffled each epoch (seeded), encoded with EOS, filtered.
+
+  Repeats forever unless `num_epochs` is set (finite runs pad their last batches with padding
+  rows). Drop counts go to `filter_stats` if given. See the module docstring for layouts.
+  """
+  _check_hosts(process_index, process_count)
+  if config.batching not in BATCHINGS:
+    raise ValueError(f'pipeline.batching={config.batching!r}; set it to one of {BATCHINGS}.')
+  if config.max_length < 2:
+    raise ValueError(f'pipeline.max_length={config.max_length}; set it to >= 2 (a token + EOS).')
+  packed = config.batching == 'packed'
+  source = grain.MapDataset.source(pairs)
+  if packed:
+    source = source[process_index::process_count]
+  if len(source) == 0:
+    raise ValueError(f'No training pairs for host {process_index} of {process_count}'
+                     f' ({len(pairs)} pairs in all); check the data config.')
+  encode = functools.partial(_encode_and_filter, tokenizer=tokenizer,
+                             max_length=config.max_length, stats=filter_stats or FilterStats(),
+                             epoch_size=len(source))
+  examples = (source.shuffle(seed=config.shuffle_seed).repeat(num_epochs)
+              .map_with_index(encode))
+  read_options = grain.ReadOptions(num_threads=config.read_threads)
+  if packed:
+    batches = _packed_batches(examples.to_iter_dataset(read_options), config, process_count)
+  else:
+    batches = _BucketBatchIterDataset(
+        examples, read_options, tuple(config.bucket_boundaries),
+        bucket_batch_sizes(config, process_count)).map(
+            functools.partial(_host_rows, process_index=process_index,
+                              process_count=process_count))
+  if config.num_workers:
+    if not flags.FLAGS.is_parsed():
+      raise ValueError(f'pipeline.num_workers={config.num_workers} needs parsed absl flags (grain'
+                       ' reads them): run under absl.app.run or call flags.FLAGS.mark_as_parsed().')
+    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.num_workers))
+  return batches
+
+
+def make_eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_size: int, *,
+                      process_index: int = 0, process_count: int = 1,
+                      length_multiple: int = 16) -> Iterator[dict[str, np.ndarray]]:
+  """This host's rows of one in-order pass over `pairs`: nothing dropped, nothing repeated.
+
+  `batch_size` is global. Each batch is padded to its longest sentence rounded up to
+  `length_multiple` (few distinct shapes to compile); the last one is filled with padding rows.
+  'example_index' [B] is each row's index in `pairs`, -1 for padding rows.
+  """
+  _check_hosts(process_index, process_count)
+  if batch_size < 1 or batch_size % process_count:
+    raise ValueError(f'Eval batch_size={batch_size} must be a positive multiple of the'
+                     f' {process_count} hosts; change the eval batch size.')
+  if length_multiple < 1:
+    raise ValueError(f'length_multiple={length_multiple}; pass a positive number of tokens.')
+  for start in range(0, len(pairs), batch_size):
+    indices = range(start, min(start + batch_size, len(pairs)))
+    examples = [encode_pair(tokenizer, pairs[i]) for i in indices]
+    longest = max(max(len(e['inputs']), len(e['targets'])) for e in examples)
+    batch = pad_batch(examples, batch_size, -(-longest // length_multiple) * length_multiple)
+    batch['example_index'] = np.full(batch_size, -1, np.int32)
+    batch['example_index'][:len(indices)] = indices
+    yield _host_rows(batch, process_index=process_index, process_count=process_count)

@@ -1,0 +1,186 @@
+"""SentencePiece tokenizer with one vocabulary shared by source and target (paper §5.1).
+
+The model is trained once from a seeded, bounded sample of the training pairs (both sides),
+saved atomically under `<workdir>/tokenizer/spm.model`, and reused from there by later runs
+and by evaluation, so training, restarts and evaluation all see the same ids.
+"""
+
+import io
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+from absl import logging
+from sentencepiece import sentencepiece_model_pb2
+
+from transformer_jax.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
+
+MODEL_TYPES = ('bpe', 'unigram')
+_MODEL_TYPE_NAMES = {sentencepiece_model_pb2.TrainerSpec.BPE: 'bpe',
+                     sentencepiece_model_pb2.TrainerSpec.UNIGRAM: 'unigram'}
+
+
+def default_tokenizer_config() -> ml_collections.ConfigDict:
+  """Defaults: BPE as in the paper, a vocabulary that trains in seconds on ~100k pairs."""
+  return ml_collections.ConfigDict({
+      'vocab_size': 8000,  # number of pieces incl. the 4 reserved ids; WMT configs use 37000
+      'model_type': 'bpe',  # 'bpe' (paper) or 'unigram'
+      'sample_size': 400_000,  # max sentences (both sides counted) sampled to train on
+      'seed': 0,  # seeds the choice of the training sample
+      'character_coverage': 1.0,  # keep every character seen in the sample
+  })
+
+
+def tokenizer_path(workdir: str) -> str:
+  """Where the SentencePiece model of a run lives."""
+  return os.path.join(workdir, 'tokenizer', 'spm.model')
+
+
+class Tokenizer:
+  """A SentencePiece model with the reserved ids of `transformer_jax.tokens`."""
+
+  def __init__(self, model_proto: bytes, path: str = '<memory>'):
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.path = path
+    self.vocab_size = self._sp.vocab_size()
+    self.model_type = _MODEL_TYPE_NAMES.get(_trainer_spec(model_proto).model_type, 'other')
+    expected = {'pad': PAD_ID, 'eos': EOS_ID, 'bos': BOS_ID, 'unk': UNK_ID}
+    actual = {'pad': self._sp.pad_id(), 'eos': self._sp.eos_id(), 'bos': self._sp.bos_id(),
+              'unk': self._sp.unk_id()}
+    if actual != expected:
+      raise ValueError(f'SentencePiece model {path} has special ids {actual}, expected {expected};'
+                       ' delete it and let load_or_train_tokenizer train a new one.')
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without EOS."""
+    return self._sp.encode(text, out_type=int)
+
+  def decode(self, ids) -> str:
+    """Text of `ids` up to the first EOS; PAD and BOS are skipped (e.g. a padded decoder row)."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self._sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+
+  def id_to_piece(self, token_id: int) -> str:
+    """The vocabulary piece of one id (e.g. for labelling attention maps)."""
+    return self._sp.id_to_piece(int(token_id))
+
+
+def _trainer_spec(model_proto: bytes):
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(model_proto)
+  return proto.trainer_spec
+
+
+def _sample_sentences(train_pairs: Sequence[tuple[str, str]], sample_size: int,
+                      seed: int) -> Iterator[str]:
+  """Both sides of at most ceil(sample_size / 2) pairs chosen without replacement (seeded)."""
+  num_pairs = min(len(train_pairs), (sample_size + 1) // 2)
+  indices = np.random.default_rng(seed).choice(len(train_pairs), num_pairs, replace=False)
+  for i in np.sort(indices):
+    source, target = train_pairs[int(i)]
+    yield source
+    yield target
+
+
+def _validate_config(config: ml_collections.ConfigDict):
+  if config.model_type not in MODEL_TYPES:
+    raise ValueError(f'tokenizer.model_type={config.model_type!r}; set it to one of {MODEL_TYPES}.')
+  if config.vocab_size <= NUM_RESERVED:
+    raise ValueError(f'tokenizer.vocab_size={config.vocab_size} leaves no room besides the'
+                     f' {NUM_RESERVED} reserved ids; set it to e.g. 8000.')
+  if config.sample_size < 2:
+    raise ValueError(f'tokenizer.sample_size={config.sample_size}; set it to at least 2 sentences.')
+
+
+def train_tokenizer(config: ml_collections.ConfigDict,
+                    train_pairs: Sequence[tuple[str, str]]) -> bytes:
+  """Trains a SentencePiece model on a sample of both sides of `train_pairs`; returns its bytes."""
+  _validate_config(config)
+  if len(train_pairs) == 0:
+    raise ValueError('Cannot train a tokenizer on an empty training split; check the data config.')
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=_sample_sentences(train_pairs, config.sample_size, config.seed),
+        model_writer=model, model_type=config.model_type, vocab_size=config.vocab_size,
+        character_coverage=config.character_coverage,
+        hard_vocab_limit=True,  # exactly vocab_size pieces, so the embedding size is known upfront
+        pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
+        num_threads=2, minloglevel=2)
+  except RuntimeError as e:
+    limit = re.search(r'Vocabulary size too high.*<= (\d+)', str(e))
+    if limit:
+      raise ValueError(f'tokenizer.vocab_size={config.vocab_size} is too large for this training'
+                       f' sample (at most {limit.group(1)}); lower tokenizer.vocab_size or use more'
+                       ' data.') from None
+    raise
+  return model.getvalue()
+
+
+def _write_atomically(path: str, data: bytes):
+  """Writes via a temp file in the same directory and a rename: never a half-written model."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.spm-', suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+
+
+def _read_tokenizer(path: str) -> Tokenizer:
+  with open(path, 'rb') as f:
+    return Tokenizer(f.read(), path)
+
+
+def load_or_train_tokenizer(config: ml_collections.ConfigDict, workdir: str,
+                            train_pairs: Sequence[tuple[str, str]]) -> Tokenizer:
+  """Loads `<workdir>/tokenizer/spm.model`, or trains and saves it first if it does not exist.
+
+  A saved model whose vocab_size or model_type differs from `config` is an error (the ids a
+  checkpoint was trained with must not change). In multi-host runs call this on one process
+  first (the others then load), so the hosts do not train concurrently.
+  """
+  _validate_config(config)
+  path = tokenizer_path(workdir)
+  if os.path.exists(path):
+    tokenizer = _read_tokenizer(path)
+    saved = (tokenizer.vocab_size, tokenizer.model_type)
+    if saved != (config.vocab_size, config.model_type):
+      raise ValueError(
+          f'{path} has vocab_size={saved[0]}, model_type={saved[1]!r} but the config asks for'
+          f' vocab_size={config.vocab_size}, model_type={config.model_type!r}; set tokenizer.*'
+          ' to match or use a new workdir.')
+    logging.info('Loaded tokenizer %s (%s, %d pieces).', path, saved[1], saved[0])
+    return tokenizer
+  logging.info('Training a %s tokenizer with %d pieces on up to %d sentences.',
+               config.model_type, config.vocab_size, config.sample_size)
+  model_proto = train_tokenizer(config, train_pairs)
+  _write_atomically(path, model_proto)
+  logging.info('Saved tokenizer to %s.', path)
+  return Tokenizer(model_proto, path)
+
+
+def load_tokenizer(workdir: str) -> Tokenizer:
+  """Loads the tokenizer a training run saved in `workdir` (for evaluation and decoding)."""
+  path = tokenizer_path(workdir)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No tokenizer at {path}; train first (training creates it) or pass'
+                            ' the workdir of a training run.')
+  return _read_tokenizer(path)
+
+
+def check_vocab_size(tokenizer: Tokenizer, model_vocab_size: int,
+                     config_key: str = 'model.vocab_size'):
+  """Raises if the model's embedding size differs from the tokenizer's vocabulary size."""
+  if tokenizer.vocab_size != model_vocab_size:
+    raise ValueError(f'The tokenizer {tokenizer.path} has {tokenizer.vocab_size} pieces but'
+                     f' {config_key}={model_vocab_size}; set {config_key}={tokenizer.vocab_size}.')
