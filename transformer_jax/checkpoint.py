@@ -90,14 +90,17 @@ def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params):
 
 
 def average_params(manager: ocp.CheckpointManager, steps, abstract_params):
-  """The element-wise mean of the params of `steps` (§6.1 checkpoint averaging), accumulated in float32."""
+  """The element-wise mean of the params of `steps` (§6.1 checkpoint averaging).
+
+  A running mean in float32, m += (x - m) / k, so averaging identical checkpoints returns them bit for bit.
+  """
   if not steps:
     raise ValueError('no checkpoints to average.')
-  total = None
-  for step in steps:
+  mean = None
+  for k, step in enumerate(steps, 1):
     params = jax.tree.map(lambda x: x.astype(np.float32), restore_params(manager, step, abstract_params))
-    total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
-  return jax.tree.map(lambda t, ref: (t / len(steps)).astype(ref.dtype), total, abstract_params)
+    mean = params if mean is None else jax.tree.map(lambda m, x: m + (x - m) / k, mean, params)
+  return jax.tree.map(lambda m, ref: m.astype(ref.dtype), mean, abstract_params)
 
 
 def last_steps(manager: ocp.CheckpointManager, count: int) -> list[int]:

@@ -4,6 +4,7 @@ Only process 0 writes; the other processes get a writer that does nothing, so ca
 """
 
 import json
+import logging as py_logging
 import os
 import time
 
@@ -41,3 +42,15 @@ class MetricWriter:
 def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
+
+
+class _DropLibraryInfo(py_logging.Filter):
+  """Keeps warnings and errors of orbax/grain, drops their per-save INFO chatter."""
+
+  def filter(self, record):
+    return record.levelno >= py_logging.WARNING or not any(
+        part in record.pathname for part in ('/orbax/', '/grain/'))
+
+
+def quiet_library_logs():
+  logging.get_absl_handler().addFilter(_DropLibraryInfo())

@@ -1,8 +1,8 @@
 """The train state and the pure step functions: (state, batch) -> (state, metrics).
 
 Dropout randomness of step s is `fold_in(state.rng, s)`, so a step's randomness does not depend on
-history and a resumed run repeats the uninterrupted one. An update whose loss or gradients are not
-finite is not applied (the state keeps its last finite values); the loop decides whether to stop.
+history and a resumed run repeats the uninterrupted one. An update whose loss, gradients or update are
+not finite is not applied (the state keeps its last finite values); the loop decides whether to stop.
 """
 
 import functools
@@ -108,10 +108,11 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
                                     (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
   tokens = jnp.maximum(sums['tokens'], 1.0)
   grads = jax.tree.map(lambda g: g / tokens, grads)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm)
+  # Finite gradients can still give a non-finite update (e.g. Adam with eps=0 on a zero gradient).
+  finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
                             opt_state=keep(opt_state, state.opt_state))

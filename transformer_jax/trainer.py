@@ -158,7 +158,6 @@ def evaluate(config, params, model, eval_fn, pairs, tok, mesh, max_batches=None)
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the last metrics."""
   check_workdir_writable(workdir)
-  save_config(config, workdir)
   train_cfg = config.train
   writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
 
@@ -194,6 +193,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     writer.progress(f'resumed from step {latest} in {checkpoint.checkpoint_dir(workdir)}')
   else:
     state, _ = steps.create_sharded_state(model, tx, train_cfg.seed, batch_shape, mesh, rules)
+  save_config(config, workdir)  # only once the checkpoint (if any) matched: a refused config leaves it as it was
 
   # --- jitted steps
   batch_sharding = sharding.batch_sharding(mesh)
@@ -247,9 +247,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                             'rerun the same command to resume.')
             break
         else:
-          if manager.should_save(step):
+          if step % train_cfg.checkpoint_every == 0:
             _check_finite(_fetch(pending, last), step, train_cfg, manager)
-            checkpoint.save(manager, step, state.as_dict(), train_iter)
+            checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
   finally:
     manager.wait_until_finished()
     manager.close()
@@ -268,8 +268,8 @@ def _fetch(pending, last):
 def _check_finite(metrics: dict, step: int, train_cfg, manager):
   if metrics.get('nonfinite', 0) and train_cfg.on_nonfinite == 'stop':
     raise NonFiniteLossError(
-        f'non-finite loss or gradients by step {step} ({metrics["nonfinite"]} updates skipped); stopping without '
-        f'saving. The last good checkpoint is step {manager.latest_step()}; lower the learning rate or set '
+        f'non-finite loss, gradients or update by step {step} ({metrics["nonfinite"]} updates skipped); stopping '
+        f'without saving. The last good checkpoint is step {manager.latest_step()}; lower the learning rate or set '
         'train.on_nonfinite=skip.')
 
 

@@ -1,0 +1,219 @@
+"""Evaluation and decoding with a trained (tiny) model: restore anywhere, averaging, beam search, BLEU, translate."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import attention_plots
+from transformer_jax import checkpoint
+from transformer_jax import evaluation
+from transformer_jax import sharding
+from transformer_jax import trainer
+from transformer_jax.tokens import EOS_ID, PAD_ID
+from tests import helpers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A micro model trained for 30 steps on an 8-device FSDP mesh, checkpoints every 10 steps."""
+  workdir = str(tmp_path_factory.mktemp('trained'))
+  config = helpers.tiny_config(train__num_steps=30, train__checkpoint_every=10, train__keep_checkpoints=5,
+                               mesh__shape={'data': 1, 'fsdp': 8, 'tensor': 1})
+  trainer.train_and_evaluate(config, workdir)
+  return config, workdir
+
+
+def _data_only(config):
+  mesh_cfg = config.mesh.copy_and_resolve_references()
+  mesh_cfg.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
+  return mesh_cfg
+
+
+def _host(tree):
+  return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+def test_restore_onto_one_device_and_eight(trained):
+  config, workdir = trained
+  on_eight = evaluation.restore(config, workdir)
+  on_one = evaluation.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
+  assert on_eight.steps == on_one.steps == [30]
+  assert len(jax.tree.leaves(on_one.params)[0].sharding.device_set) == 1
+  for a, b in zip(jax.tree.leaves(_host(on_eight.params)), jax.tree.leaves(_host(on_one.params))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoint_from_one_device_restores_on_eight_fsdp(trained, tmp_path):
+  config, workdir = trained
+  one_mesh = sharding.make_mesh(_data_only(config), jax.devices()[:1])
+  restored = evaluation.restore(config, workdir, mesh=one_mesh)
+  other = str(tmp_path / 'copy')
+  os.makedirs(other)
+  manager = checkpoint.make_manager(other, async_save=False)
+  checkpoint.save(manager, 7, {'params': restored.params}, force=True)
+  manager.wait_until_finished()
+  fsdp_cfg = config.mesh.copy_and_resolve_references()
+  fsdp_cfg.shape = {'data': 1, 'fsdp': 8, 'tensor': 1}
+  mesh8 = sharding.make_mesh(fsdp_cfg)
+  target = evaluation.abstract_params(restored.model, mesh8, restored.rules)
+  params8 = checkpoint.restore_params(checkpoint.make_manager(other, create=False), 7, target)
+  embedding = params8['shared_embedding']['embedding']
+  assert len(embedding.sharding.device_set) == 8
+  for a, b in zip(jax.tree.leaves(_host(params8)), jax.tree.leaves(_host(restored.params))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_restore_a_given_step_and_unknown_step(trained):
+  config, workdir = trained
+  assert evaluation.restore(config, workdir, step=20).steps == [20]
+  with pytest.raises(ValueError, match='no checkpoint of step 25'):
+    evaluation.restore(config, workdir, step=25)
+
+
+def test_averaging(trained, tmp_path):
+  config, workdir = trained
+  steps_params = {s: _host(evaluation.restore(config, workdir, step=s).params) for s in (20, 30)}
+  averaged = _host(evaluation.restore(config, workdir, average_last=2).params)
+  for a, p20, p30 in zip(*(jax.tree.leaves(t) for t in (averaged, steps_params[20], steps_params[30]))):
+    np.testing.assert_allclose(a, (p20 + p30) / 2, rtol=1e-6, atol=1e-7)
+  # averaging K identical checkpoints returns them unchanged
+  restored = evaluation.restore(config, workdir, step=30)
+  same = str(tmp_path / 'same')
+  manager = checkpoint.make_manager(same, async_save=False)
+  for step in (1, 2, 3):
+    checkpoint.save(manager, step, {'params': restored.params}, force=True)
+  manager.wait_until_finished()
+  mean = checkpoint.average_params(manager, [1, 2, 3], evaluation.abstract_params(restored.model, restored.mesh,
+                                                                                   restored.rules))
+  for a, b in zip(jax.tree.leaves(_host(mean)), jax.tree.leaves(_host(restored.params))):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match='holds 3'):
+    evaluation.restore(config, workdir, average_last=9)
+
+
+def test_save_averaged_checkpoint(trained):
+  config, workdir = trained
+  restored = evaluation.restore(config, workdir, average_last=3)
+  path = evaluation.save_averaged(restored, workdir)
+  assert os.path.isdir(path) and path.endswith('30')
+
+
+def _inputs(restored, sentences):
+  batch = np.zeros((len(sentences), 32), np.int32)
+  for i, s in enumerate(sentences):
+    ids = restored.tokenizer.encode(s) + [EOS_ID]
+    batch[i, :len(ids)] = ids
+  return jnp.asarray(batch)
+
+
+SENTENCES = ['The dog sees the cat.', 'I paint the glass.', 'Does she visit eight sisters?', 'He sleeps.']
+
+
+def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
+  config, workdir = trained
+  restored = evaluation.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
+  inputs = _inputs(restored, SENTENCES)
+  kw = dict(model=restored.model, max_decode_len=20)
+  greedy, _ = evaluation.generate(restored.params, inputs, jax.random.key(0), method='greedy', **kw)
+  beam1, _ = evaluation.generate(restored.params, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
+                                 **kw)
+  np.testing.assert_array_equal(greedy, beam1)
+  for method in ('greedy', 'beam'):
+    cached, s1 = evaluation.generate(restored.params, inputs, jax.random.key(0), method=method, **kw)
+    uncached, s2 = evaluation.generate(restored.params, inputs, jax.random.key(0), method=method, use_cache=False,
+                                       **kw)
+    np.testing.assert_array_equal(cached, uncached)
+    np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-4)
+  # after EOS only padding
+  for row in np.asarray(beam1)[:, 0]:
+    if EOS_ID in row:
+      assert np.all(row[list(row).index(EOS_ID) + 1:] == PAD_ID)
+
+
+def test_evaluate_split_writes_bleu_results_and_translations(trained):
+  config, workdir = trained
+  restored = evaluation.restore(config, workdir)
+  results = evaluation.evaluate_split(restored, workdir, 'test')
+  saved = json.load(open(os.path.join(workdir, 'results.json')))
+  for key in ('bleu', 'tokenized_bleu', 'bleu_signature', 'test_loss', 'test_perplexity', 'test_accuracy', 'params'):
+    assert key in saved
+  assert saved['bleu'] == results['bleu'] and 0.0 <= saved['bleu'] <= 100.0
+  assert 'nrefs:1' in saved['bleu_signature']
+  hyps = open(saved['translations']['hyp'], encoding='utf-8').read().splitlines()
+  refs = open(saved['translations']['ref'], encoding='utf-8').read().splitlines()
+  assert len(hyps) == len(refs) == saved['num_sentences'] == config.data.builtin_eval_size
+  assert np.isclose(saved['test_perplexity'], np.exp(saved['test_nll']), rtol=1e-5)
+  text = evaluation.describe(results, 2)
+  assert 'BLEU' in text and text.count('reference:') == 2
+
+
+def test_translate_lines_empty_and_too_long(trained):
+  config, workdir = trained
+  restored = evaluation.restore(config, workdir)
+  out = evaluation.translate_lines(restored, ['The dog sees the cat.', '', '   ', 'He sleeps.'])
+  assert len(out) == 4 and out[1] == '' and out[2] == ''
+  assert out[0] == evaluation.translate_lines(restored, ['The dog sees the cat.'])[0]
+  long_line = ' '.join(['dog'] * 200)
+  with pytest.raises(ValueError, match='line 1 has .* tokens, more than the model'):
+    evaluation.translate_lines(restored, [long_line])
+  assert len(evaluation.translate_lines(restored, [long_line], truncate=True)) == 1
+
+
+def test_attention_heatmaps(trained, tmp_path):
+  config, workdir = trained
+  restored = evaluation.restore(config, workdir)
+  src = restored.tokenizer.encode('The dog sees the cat.') + [EOS_ID]
+  tgt = restored.tokenizer.encode('Der Hund sieht die Katze.') + [EOS_ID]
+  maps = attention_plots.attention_maps(restored, src, tgt)
+  cfg = restored.model.config
+  assert maps['encoder'].shape == (cfg.num_encoder_layers, cfg.num_heads, len(src), len(src))
+  assert maps['cross'].shape == (cfg.num_decoder_layers, cfg.num_heads, len(tgt), len(src))
+  for weights in maps.values():
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  assert np.allclose(np.triu(maps['decoder'][0, 0], k=1), 0.0)  # causal
+  paths = attention_plots.plot_sentence(restored, 'The dog sees the cat.', str(tmp_path), layers=[0])
+  assert len(paths) == 3
+  for path in paths:
+    with open(path, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def _run(args, **kwargs):
+  return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), **kwargs)
+
+
+def test_eval_and_translate_commands(trained):
+  _, workdir = trained
+  result = _run(['eval.py', f'--config={helpers.DEFAULT_CONFIG}', *helpers.flag_args(), f'--workdir={workdir}',
+                 '--average_last=2', '--config.decode.beam_size=2'])
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'BLEU' in result.stdout and '[20, 30]' in result.stdout
+  result = _run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'], input='The dog sees the cat.\n\nHe sleeps.\n')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert len(result.stdout.split('\n')) == 4 and result.stdout.split('\n')[1] == ''
+
+
+def test_eval_bad_inputs(trained, tmp_path):
+  config, workdir = trained
+  result = _run(['eval.py', f'--workdir={tmp_path / "missing"}'])
+  assert result.returncode != 0 and 'not a training workdir' in result.stderr.splitlines()[-1]
+  result = _run(['eval.py', f'--workdir={workdir}'])  # configs/default.py is not the tiny model it was trained with
+  assert result.returncode != 0 and 'trained with another model config: model.d_ff=32' in result.stderr
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  (empty / 'config.json').write_text(open(os.path.join(workdir, 'config.json')).read())
+  with pytest.raises(FileNotFoundError, match='tokenizer'):
+    evaluation.restore(config, str(empty))
+  wrong = config.copy_and_resolve_references()
+  wrong.model.d_ff = 24
+  with pytest.raises(ValueError, match=r'ffn.*checkpoint \(\d+, \d+\) vs config'):
+    evaluation.restore(wrong, workdir)
