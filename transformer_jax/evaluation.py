@@ -4,6 +4,7 @@ Used by `eval.py`, by `train.py` at the end of a run, by `transformer_jax.transl
 (through `results.json`).
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -42,6 +43,12 @@ class Restored:
   mesh: jax.sharding.Mesh
   rules: tuple
   steps: list[int]  # the checkpoint step(s) the params come from (several when averaged)
+
+  @contextlib.contextmanager
+  def on_mesh(self):
+    """Traces and runs under this mesh with the logical-axis rules, as training does."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
 
 
 def check_same_model(config, saved) -> None:
@@ -183,7 +190,7 @@ def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   batches = pipeline.make_eval_batches(pairs, restored.tokenizer, decode_cfg.batch_size,
                                        process_index=jax.process_index(), process_count=jax.process_count())
   out = [''] * len(pairs)
-  with jax.set_mesh(restored.mesh), nn.logical_axis_rules(restored.rules):
+  with restored.on_mesh():
     for index, ids in translate_batches(restored, batches, decode_cfg):
       out[index] = restored.tokenizer.decode(ids)
   return out
@@ -210,22 +217,15 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
   keep = [i for i, line in enumerate(lines) if line.strip()]
   encoded = encode_lines([lines[i] for i in keep], restored.tokenizer, config.model.max_len, truncate)
   decode_cfg = config.decode.copy_and_resolve_references()
-  if beam_size:
-    decode_cfg.beam_size = beam_size
-  rows = -(-batch_size // jax.device_count()) * jax.device_count()
+  decode_cfg.beam_size = beam_size or decode_cfg.beam_size
+  rows = -(-batch_size // sharding.data_parallel_size(restored.mesh)) * sharding.data_parallel_size(restored.mesh)
+  examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
+  batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
+                                    process_count=jax.process_count())
   out = [''] * len(lines)
-  for start in range(0, len(encoded), rows):
-    chunk = encoded[start:start + rows]
-    length = -(-max(map(len, chunk)) // 16) * 16
-    inputs = np.zeros((rows, length), np.int32)
-    for r, ids in enumerate(chunk):
-      inputs[r, :len(ids)] = ids
-    index = np.full(rows, -1, np.int32)
-    index[:len(chunk)] = np.arange(start, start + len(chunk))
-    batch = {'inputs': inputs, 'example_index': index}
-    with jax.set_mesh(restored.mesh):
-      for i, ids in translate_batches(restored, [batch], decode_cfg, method):
-        out[keep[i]] = restored.tokenizer.decode(ids)
+  with restored.on_mesh():
+    for i, ids in translate_batches(restored, batches, decode_cfg, method):
+      out[keep[i]] = restored.tokenizer.decode(ids)
   return out
 
 
@@ -236,7 +236,7 @@ def teacher_forced_metrics(restored: Restored, pairs) -> dict:
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, restored.tokenizer, restored.config.eval.batch_size,
                                        process_index=jax.process_index(), process_count=jax.process_count())
-  with jax.set_mesh(restored.mesh), nn.logical_axis_rules(restored.rules):
+  with restored.on_mesh():
     for batch in batches:
       batch = sharding.place_batch({k: v for k, v in batch.items() if k != 'example_index'}, restored.mesh)
       sums = jax.device_get(eval_fn(restored.params, batch))

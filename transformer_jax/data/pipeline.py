@@ -29,9 +29,10 @@ in that many grain worker processes (`mp_prefetch`), the way to scale on hosts w
 
 import bisect
 import functools
+import itertools
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import grain
@@ -322,17 +323,23 @@ def make_eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, ba
   `length_multiple` (few distinct shapes to compile); the last one is filled with padding rows.
   'example_index' [B] is each row's index in `pairs`, -1 for padding rows.
   """
+  encoded = (encode_pair(tokenizer, pairs[i]) for i in range(len(pairs)))
+  return batch_examples(encoded, batch_size, process_index=process_index, process_count=process_count,
+                        length_multiple=length_multiple)
+
+
+def batch_examples(examples: Iterable[Example], batch_size: int, *, process_index: int = 0,
+                   process_count: int = 1, length_multiple: int = 16) -> Iterator[dict[str, np.ndarray]]:
+  """In-order batches of already encoded examples, laid out as `make_eval_batches` describes."""
   _check_hosts(process_index, process_count)
   if batch_size < 1 or batch_size % process_count:
     raise ValueError(f'Eval batch_size={batch_size} must be a positive multiple of the'
                      f' {process_count} hosts; change the eval batch size.')
-  if length_multiple < 1:
-    raise ValueError(f'length_multiple={length_multiple}; pass a positive number of tokens.')
-  for start in range(0, len(pairs), batch_size):
-    indices = range(start, min(start + batch_size, len(pairs)))
-    examples = [encode_pair(tokenizer, pairs[i]) for i in indices]
-    longest = max(max(len(e['inputs']), len(e['targets'])) for e in examples)
-    batch = pad_batch(examples, batch_size, -(-longest // length_multiple) * length_multiple)
+  iterator, start = iter(examples), 0
+  while chunk := list(itertools.islice(iterator, batch_size)):
+    longest = max(max(len(e['inputs']), len(e['targets'])) for e in chunk)
+    batch = pad_batch(chunk, batch_size, -(-longest // length_multiple) * length_multiple)
     batch['example_index'] = np.full(batch_size, -1, np.int32)
-    batch['example_index'][:len(indices)] = indices
+    batch['example_index'][:len(chunk)] = np.arange(start, start + len(chunk))
+    start += len(chunk)
     yield _host_rows(batch, process_index=process_index, process_count=process_count)
