@@ -1,0 +1,227 @@
+"""Config files: every file and argument loads and validates, Table 3 rows change exactly what the paper changes,
+the paper setups hold the paper's values, validation catches bad combinations, and train.py reports them in
+one line."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import presets
+from transformer_jax import config_defaults
+from transformer_jax import sweep
+from transformer_jax.table3 import VARIANTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(ROOT, 'configs')
+PAPER_FILES = ('wmt14_ende_base', 'wmt14_ende_big', 'wmt14_enfr_big', 'wsj_parsing')
+
+
+def _load(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  path = os.path.join(CONFIG_DIR, f'{name}.py')
+  return sweep.load_config(f'{path}:{arg}' if arg else path)
+
+
+def _flat(config) -> dict:
+  out = {}
+
+  def visit(prefix, value):
+    if isinstance(value, dict):
+      for k, v in value.items():
+        visit(f'{prefix}.{k}' if prefix else k, v)
+    else:
+      out[prefix] = tuple(value) if isinstance(value, list) else value
+
+  visit('', config.to_dict())
+  return out
+
+
+def _diff(a, b) -> dict:
+  fa, fb = _flat(a), _flat(b)
+  assert fa.keys() == fb.keys()
+  return {k: (fa[k], fb[k]) for k in fa if fa[k] != fb[k]}
+
+
+def _config_files():
+  files = sorted(glob.glob(os.path.join(CONFIG_DIR, '*.py')))
+  names = [os.path.basename(f)[:-3] for f in files]
+  return [n for n in names if n not in ('__init__', 'presets')]
+
+
+def _all_args():
+  """(file, argument) for every config file: no argument, each name it accepts, and a combination."""
+  cases = []
+  for name in _config_files():
+    module = sweep._load_module(os.path.join(CONFIG_DIR, f'{name}.py'), 'probe')
+    args = list(getattr(module, 'ARGS', ()))
+    cases += [(name, None)] + [(name, arg) for arg in args]
+    if args:
+      cases.append((name, 'runlocal,gpu8'))
+  return cases
+
+
+def test_expected_config_files_exist():
+  assert set(PAPER_FILES) | {'default'} <= set(_config_files())
+
+
+@pytest.mark.parametrize('name,arg', _all_args())
+def test_every_config_and_argument_loads_and_validates(name, arg):
+  config = _load(name, arg)
+  config_defaults.validate(config, data_paths=config.data.source != 'files')
+
+
+@pytest.mark.parametrize('row', [r for r in VARIANTS if r != 'base'])
+def test_table3_row_differs_from_base_row_exactly_in_the_paper_keys(row):
+  diff = _diff(_load('wmt14_ende_base', row), _load('wmt14_ende_base', 'base'))
+  overrides = VARIANTS[row].overrides
+  assert set(diff) == set(overrides)
+  for key, value in overrides.items():
+    assert diff[key][0] == value
+
+
+def test_table3_base_row_is_the_base_setup_measured_as_table3():
+  """Table 3: newstest2013 (validation) without checkpoint averaging; nothing else changes."""
+  diff = _diff(_load('wmt14_ende_base', 'base'), _load('wmt14_ende_base'))
+  assert diff == {'eval.test_split': ('validation', 'test'), 'eval.average_last': (1, 5)}
+
+
+@pytest.mark.parametrize('row', [r for r in VARIANTS if r != 'base'])
+def test_runlocal_rows_keep_what_the_row_changes(row):
+  """runlocal shrinks width by 16 and depth by 2 but a row still changes only its own keys, heads kept."""
+  local = _load('wmt14_ende_base', f'{row},runlocal')
+  diff = _diff(local, _load('wmt14_ende_base', 'base,runlocal'))
+  overrides = VARIANTS[row].overrides
+  assert set(diff) <= set(overrides)
+  assert {k for k in overrides if k.startswith(('model.', 'train.label'))} <= set(diff)
+  for key, value in overrides.items():
+    if key == 'model.num_heads':
+      assert local.model.num_heads == value
+    elif key in ('model.d_model', 'model.d_ff', 'model.d_k', 'model.d_v'):
+      assert local.model[key.split('.')[1]] == value // presets.RUNLOCAL_WIDTH_DIVISOR
+    elif key in ('model.num_encoder_layers', 'model.num_decoder_layers'):
+      assert local.model[key.split('.')[1]] == (value + 1) // 2
+    elif key.startswith('model.') or key.startswith('train.label'):
+      assert local[key.split('.')[0]][key.split('.')[1]] == value
+
+
+def test_runlocal_is_small_local_and_one_mesh_axis():
+  for name in PAPER_FILES:
+    config = _load(name, 'runlocal')
+    assert config.data.source == 'builtin'
+    assert config.model.d_model <= 64 and config.model.vocab_size == config.tokenizer.vocab_size <= 1000
+    assert config.train.num_steps <= 500 and config.train.warmup_steps < config.train.num_steps
+    assert dict(config.mesh.shape) == {'data': -1, 'fsdp': 1, 'tensor': 1}
+    assert config.train.keep_checkpoints >= config.eval.average_last
+    config_defaults.validate(config)  # no data paths needed, even for wsj_parsing
+
+
+def test_wmt14_ende_base_is_the_papers_setup():
+  c = _load('wmt14_ende_base')
+  assert (c.data.source, c.data.tfds_name, c.data.source_lang, c.data.target_lang) == (
+      'tfds', 'wmt14_translate/de-en', 'en', 'de')
+  assert c.model.vocab_size == c.tokenizer.vocab_size == 37000 and c.tokenizer.model_type == 'bpe'
+  assert (c.model.d_model, c.model.d_ff, c.model.num_heads, c.model.num_encoder_layers) == (512, 2048, 8, 6)
+  assert (c.pipeline.batching, c.pipeline.tokens_per_batch) == ('token_budget', 25000)
+  assert (c.train.num_steps, c.train.warmup_steps, c.train.schedule) == (100_000, 4000, 'paper')
+  assert (c.model.dropout, c.train.label_smoothing) == (0.1, 0.1)
+  assert (c.eval.average_last, c.eval.test_split) == (5, 'test') and c.train.keep_checkpoints >= 5
+  assert (c.decode.beam_size, c.decode.alpha, c.decode.max_len_offset) == (4, 0.6, 50)
+
+
+def test_big_configs_are_the_papers_setup():
+  base, big, enfr = _load('wmt14_ende_base'), _load('wmt14_ende_big'), _load('wmt14_enfr_big')
+  checkpointing = {'train.checkpoint_every', 'train.keep_checkpoints', 'train.eval_every', 'eval.average_last'}
+  assert set(_diff(big, base)) == set(VARIANTS['big'].overrides) | checkpointing
+  assert (big.model.d_model, big.model.d_ff, big.model.num_heads, big.model.dropout) == (1024, 4096, 16, 0.3)
+  assert big.train.num_steps == 300_000 and big.eval.average_last == 20 <= big.train.keep_checkpoints
+  assert set(_diff(enfr, big)) == {'data.tfds_name', 'data.target_lang', 'model.vocab_size', 'tokenizer.vocab_size',
+                                   'model.dropout'}
+  assert (enfr.data.tfds_name, enfr.data.target_lang, enfr.model.vocab_size, enfr.model.dropout) == (
+      'wmt14_translate/fr-en', 'fr', 32000, 0.1)
+
+
+def test_wsj_parsing_is_the_papers_setup_and_needs_local_files():
+  c = _load('wsj_parsing')
+  assert (c.model.num_encoder_layers, c.model.num_decoder_layers, c.model.d_model) == (4, 4, 1024)
+  assert c.model.vocab_size == c.tokenizer.vocab_size == 16000
+  assert (c.decode.beam_size, c.decode.alpha, c.decode.max_len_offset) == (21, 0.3, 300)
+  assert c.data.source == 'files'
+  with pytest.raises(ValueError, match=r'data\.files\.train\.source'):
+    config_defaults.validate(c)
+  for split in ('train', 'validation', 'test'):
+    c.data.files[split].source = f'/data/{split}.sent'
+    c.data.files[split].target = f'/data/{split}.tree'
+  config_defaults.validate(c)
+
+
+@pytest.mark.parametrize('preset', sorted(presets.MESH_PRESETS))
+def test_mesh_presets(preset):
+  config = _load('wmt14_ende_big', preset)
+  shape = presets.MESH_PRESETS[preset]
+  assert dict(config.mesh.shape) == shape
+  assert config.pipeline.batch_multiple == shape['data'] * shape['fsdp']
+  assert shape['data'] * shape['fsdp'] * shape['tensor'] in (8, 16)
+
+
+def test_bad_arguments_are_errors():
+  with pytest.raises(ValueError, match='unknown config argument'):
+    _load('wmt14_ende_base', 'A_h99')
+  with pytest.raises(ValueError, match='more than one variant'):
+    _load('wmt14_ende_base', 'A_h4,A_h16')
+  with pytest.raises(ValueError, match='more than one mesh preset'):
+    _load('wmt14_ende_big', 'gpu8,tpu_v4_32')
+  with pytest.raises(ValueError, match=r'model\.num_heads=1 does not divide over the 2 devices'):
+    _load('wmt14_ende_base', 'A_h1,gpu8_fsdp_tp')
+
+
+def _base():
+  return _load('wmt14_ende_base', 'runlocal')
+
+
+@pytest.mark.parametrize('change,message', [
+    ({'model.num_heads': 7}, r'model\.d_model=32 is not divisible by model\.num_heads=7'),
+    ({'train.warmup_steps': 1000}, r'train\.warmup_steps=1000 > train\.num_steps=200'),
+    ({'eval.average_last': 9}, r'train\.keep_checkpoints=3 < eval\.average_last=9'),
+    ({'pipeline.batching': 'sorted'}, r"pipeline\.batching='sorted'"),
+    ({'decode.max_len_offset': -1}, r'decode\.max_len_offset'),
+])
+def test_validate_rejects(change, message):
+  config = _base()
+  config.update_from_flattened_dict(change)
+  with pytest.raises(ValueError, match=message):
+    config_defaults.validate(config)
+
+
+def test_validate_rejects_unknown_mesh_axes():
+  config = _base()
+  config.mesh.shape = {'data': -1, 'model': 2}
+  with pytest.raises(ValueError, match=r"mesh\.shape has unknown mesh axes \['model'\]"):
+    config_defaults.validate(config)
+  config = _base()
+  config.mesh.dcn_shape = {'data': 1, 'pipeline': 2}
+  with pytest.raises(ValueError, match=r"mesh\.dcn_shape has unknown mesh axes \['pipeline'\]"):
+    config_defaults.validate(config)
+  config = _base()
+  config.mesh.rules = [['batch', 'model']]
+  with pytest.raises(ValueError, match="unknown mesh axis 'model'"):
+    config_defaults.validate(config)
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--config=configs/wmt14_ende_base.py:runlocal', '--config.train.warmup_steps=100000'],
+     'train.py: invalid config: train.warmup_steps=100000 > train.num_steps=200'),
+    (['--config=configs/wmt14_ende_base.py:runlocal', '--config.mesh.shape.model=2'],
+     '--config.mesh.shape.model: the config has no key'),
+    (['--config=configs/wmt14_ende_base.py:A_h99'], "ValueError: unknown config argument(s) ['A_h99']"),
+    (['--config=configs/wsj_parsing.py'], 'data.files.train.source and .target (or .tsv)'),
+])
+def test_train_py_fails_with_one_line(tmp_path, args, message):
+  proc = subprocess.run([sys.executable, 'train.py', f'--workdir={tmp_path}', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  output = (proc.stdout + proc.stderr).strip().splitlines()
+  assert proc.returncode != 0
+  assert len(output) == 1 and message in output[0], output
+  assert not os.listdir(tmp_path)  # failed before writing anything
