@@ -5,13 +5,12 @@ import sys
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from transformer_jax import distributed
-from transformer_jax.config_defaults import parse_flags  # one-line errors for bad configs
+from transformer_jax.config_defaults import define_config_flag, parse_flags  # one-line errors for bad configs
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
-config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:variant]).')
+define_config_flag(_DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:variant]).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and the tokenizer go.', required=True)
 distributed.define_flags()
 

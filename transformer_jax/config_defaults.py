@@ -6,8 +6,15 @@ the tokenizer's vocabulary size, and the model's max length and the pipeline's l
 """
 
 import dataclasses
+import difflib
+import math
+import re
+import sys
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as config_flags_lib
 
 from transformer_jax import optim
 from transformer_jax import sharding
@@ -73,9 +80,13 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks values that can be wrong together; each problem is a one-line error naming the keys."""
-  ModelConfig.from_dict(config.model)
+def validate(config: ml_collections.ConfigDict, *, data_paths: bool = True) -> None:
+  """Checks values that can be wrong together; each problem is a one-line error naming the keys.
+
+  data_paths: also require the files of a `data.source='files'` config (config files skip this: their
+  paths come from the command line).
+  """
+  model = ModelConfig.from_dict(config.model)
   train = config.train
   if train.schedule not in optim.SCHEDULES:
     raise ValueError(f'train.schedule={train.schedule!r} is not one of {optim.SCHEDULES}.')
@@ -89,12 +100,74 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}.')
   if not 0.0 <= train.label_smoothing < 1.0:
     raise ValueError(f'train.label_smoothing must be in [0, 1), got {train.label_smoothing}.')
-  if config.data.source not in sources.SOURCES:
-    raise ValueError(f'data.source={config.data.source!r} is not one of {sources.SOURCES}.')
-  sharding.resolve_shape(config.mesh.shape, _any_count(config.mesh.shape))
-  sharding.rules_from_config(config.mesh)
+  if config.eval.average_last < 1:
+    raise ValueError(f'eval.average_last must be >= 1, got {config.eval.average_last}.')
+  if train.keep_checkpoints is not None and train.keep_checkpoints < config.eval.average_last:
+    raise ValueError(f'train.keep_checkpoints={train.keep_checkpoints} < eval.average_last='
+                     f'{config.eval.average_last}: the final evaluation averages more checkpoints than are kept.')
+  _validate_data(config, data_paths)
+  if config.tokenizer.model_type not in tokenizer.MODEL_TYPES:
+    raise ValueError(f'tokenizer.model_type={config.tokenizer.model_type!r} is not one of {tokenizer.MODEL_TYPES}.')
+  _validate_pipeline(config.pipeline)
+  _validate_mesh(config.mesh, model)
   if config.decode.beam_size < 1:
     raise ValueError(f'decode.beam_size must be >= 1, got {config.decode.beam_size}.')
+  if config.decode.max_len_offset < 0:
+    raise ValueError(f'decode.max_len_offset must be >= 0, got {config.decode.max_len_offset}.')
+
+
+def _validate_data(config, data_paths: bool):
+  data = config.data
+  if data.source not in sources.SOURCES:
+    raise ValueError(f'data.source={data.source!r} is not one of {sources.SOURCES}.')
+  if data.source != 'files' or not data_paths:
+    return
+  for split in dict.fromkeys(('train', config.eval.split, config.eval.test_split)):
+    entry = data.files.get(split)
+    given = sorted(k for k, v in (entry or {}).items() if v is not None)
+    if given not in (['source', 'target'], ['tsv']):
+      raise ValueError(f"data.source='files' needs data.files.{split}.source and .target (or .tsv), got "
+                       f'{given or "none"}: pass e.g. --config.data.files.{split}.source=PATH '
+                       f'--config.data.files.{split}.target=PATH.')
+
+
+def _validate_pipeline(pipe):
+  if pipe.batching not in pipeline.BATCHINGS:
+    raise ValueError(f'pipeline.batching={pipe.batching!r} is not one of {pipeline.BATCHINGS}.')
+  if pipe.batch_multiple < 1:
+    raise ValueError(f'pipeline.batch_multiple must be >= 1, got {pipe.batch_multiple}.')
+  if pipe.batching == 'token_budget':
+    pipeline.bucket_batch_sizes(pipe)  # boundaries cover max_length, the budget holds a row multiple
+  else:
+    if pipe.batch_size < 1 or pipe.batch_size % pipe.batch_multiple:
+      raise ValueError(f'pipeline.batch_size={pipe.batch_size} must be a positive multiple of '
+                       f'pipeline.batch_multiple={pipe.batch_multiple}.')
+    if pipe.packed_length < pipe.max_length:
+      raise ValueError(f'pipeline.packed_length={pipe.packed_length} < pipeline.max_length={pipe.max_length}.')
+
+
+def _validate_mesh(mesh, model: ModelConfig):
+  """Axis names, -1s and rules; with fixed sizes, that the sharded parameter dimensions divide."""
+  sharding.resolve_shape(mesh.shape, _any_count(mesh.shape))
+  sharding.resolve_shape(mesh.dcn_shape, _any_count(mesh.dcn_shape), 'mesh.dcn_shape')
+  rules = sharding.rules_from_config(mesh)
+  sizes = {axis: mesh.shape.get(axis, 1) * mesh.dcn_shape.get(axis, 1)
+           if mesh.shape.get(axis, 1) > 0 and mesh.dcn_shape.get(axis, 1) > 0 else None
+           for axis in sharding.MESH_AXES}
+  dims = {'embed': ('model.d_model', model.d_model), 'heads': ('model.num_heads', model.num_heads),
+          'mlp': ('model.d_ff', model.d_ff), 'vocab': ('model.vocab_size', model.vocab_size),
+          'kv': ('model.d_k', model.head_dim_k)}
+  for logical, mesh_axes in rules:
+    if logical not in dims or mesh_axes is None:
+      continue
+    axes = mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)
+    if any(sizes[axis] is None for axis in axes):
+      continue  # a -1 axis: its size is known only on the machine
+    shards = math.prod(sizes[axis] for axis in axes)
+    key, size = dims[logical]
+    if size % shards:
+      raise ValueError(f'{key}={size} does not divide over the {shards} devices of mesh axes {list(axes)} '
+                       f"(mesh.rules shard '{logical}' over them): change {key} or the mesh.")
 
 
 def _any_count(shape) -> int:
@@ -103,3 +176,81 @@ def _any_count(shape) -> int:
   for size in shape.values():
     fixed *= size if size > 0 else 1
   return fixed
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing (`app.run(main, flags_parser=parse_flags)`) whose errors are one line.
+
+  config_flags reports an exception raised by a config file with its whole traceback; this keeps the flag
+  and the exception's last line, e.g. `flag --config=...:A_h99: ValueError: unknown config argument(s) ...`.
+  """
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    message = lines[0] if len(lines) == 1 else (
+        f'{lines[0].split(": Error whilst parsing config file")[0]}: {lines[-1]}')
+    sys.exit(f'FATAL Flags parsing error: {message}')
+  except (AttributeError, KeyError) as e:  # config_flags: an override of a key that the config lacks
+    sys.exit(f'FATAL Flags parsing error: {_unknown_override(argv, e)}')
+
+
+def unknown_key_message(config: ml_collections.ConfigDict, path: str) -> str | None:
+  """None if the dotted `path` names a field of `config`, else one line with the closest valid keys."""
+  node, parts = config, path.split('.')
+  for depth, name in enumerate(parts):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)):
+      return f'{".".join(parts[:depth])} is a value ({type(node).__name__}), not a section with keys.'
+    if name in node:
+      node = node[name]
+      continue
+    parent = '.'.join(parts[:depth])
+    full = lambda key: f'{parent}.{key}' if parent else key
+    valid = sorted(node.keys())
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    hint = f'did you mean {" or ".join(full(k) for k in close)}? ' if close else ''
+    return (f'the config has no key {full(name)}; {hint}valid keys of {parent or "the config"}: '
+            f'{", ".join(valid) or "none"}.')
+  return None
+
+
+def define_config_flag(default: str, help_string: str):
+  """`config_flags.DEFINE_config_file('config', default, ...)` with the one-line errors of `parse_flags`.
+
+  Without --config on the command line, config_flags loads the default file and applies the --config.*
+  overrides at definition time, so an unknown key fails here, before `parse_flags` runs.
+  """
+  try:
+    return config_flags.DEFINE_config_file('config', default, help_string)
+  except (AttributeError, KeyError) as e:
+    sys.exit(f'FATAL Flags parsing error: {_unknown_override(sys.argv, e, default)}')
+
+
+def _unknown_override(argv: list[str], error: Exception, default: str | None = None) -> str:
+  """Names the --config.* override whose key the config file lacks, with the closest valid keys."""
+  quoted = re.search(r"'([^'\\]+)", str(error))
+  fallback = f'a --config.* override names a key the config lacks ({quoted.group(1) if quoted else error}).'
+  try:
+    config = _load_config_flag(argv, default)
+  except Exception:  # pylint: disable=broad-except  # the config file itself fails: say what is known
+    return fallback
+  for arg in argv[1:]:
+    if arg.startswith('--config.'):
+      path = arg[len('--config.'):].split('=', 1)[0]
+      message = unknown_key_message(config, path)
+      if message:
+        return f'--config.{path}: {message}'
+  return fallback
+
+
+def _load_config_flag(argv: list[str], default: str | None) -> ml_collections.ConfigDict:
+  """The config that --config (or its default) names, loaded again without the overrides."""
+  spec = default
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith(('--config=', '-config=')):
+      spec = arg.split('=', 1)[1]
+    elif arg in ('--config', '-config') and i + 1 < len(argv):
+      spec = argv[i + 1]
+  if spec is None:
+    spec = flags.FLAGS['config'].default_as_str.strip('\'"')
+  return config_flags_lib.ConfigFileFlagParser(name='config').parse(spec)

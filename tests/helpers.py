@@ -1,0 +1,191 @@
+"""Tiny configs, synthetic batches and run helpers shared by the training tests.
+
+Everything here is small enough that a training step compiles in a few seconds on a laptop CPU:
+one encoder and one decoder layer of width 16, a vocabulary of 200 pieces, and a
+built-in corpus of a few thousand pairs.
+"""
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+
+from transformer_jax import optim, sharding, steps, trainer
+from transformer_jax.model import Transformer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PY = os.path.join(REPO, 'train.py')
+DEFAULT_CONFIG = os.path.join(REPO, 'configs', 'default.py')
+VOCAB = 200
+
+# Overrides that turn configs/default.py into a run of a few seconds (also passed to train.py).
+TINY = {
+    'data.builtin_train_size': 2000,
+    'data.builtin_eval_size': 16,
+    'model.vocab_size': VOCAB,  # tied to tokenizer.vocab_size by a FieldReference
+    'model.d_model': 16,
+    'model.d_ff': 32,
+    'model.num_heads': 2,
+    'model.num_encoder_layers': 1,
+    'model.num_decoder_layers': 1,
+    'model.max_len': 32,  # tied to pipeline.max_length
+    'tokenizer.sample_size': 1000,
+    'pipeline.packed_length': 32,
+    'pipeline.batch_size': 8,
+    'pipeline.batch_multiple': 8,
+    'pipeline.tokens_per_batch': 256,
+    'pipeline.bucket_boundaries': (8, 16, 24, 32),
+    'pipeline.read_threads': 1,
+    'mesh.shape': {'data': -1, 'fsdp': 1, 'tensor': 1},
+    'train.num_steps': 8,
+    'train.warmup_steps': 4,
+    'train.log_every': 1,
+    'train.eval_every': 1000,
+    'train.eval_batches': 1,
+    'train.checkpoint_every': 4,
+    'train.keep_checkpoints': 3,
+    'eval.batch_size': 16,
+    'eval.average_last': 1,
+    'eval.num_samples': 1,
+    'decode.batch_size': 16,
+    'decode.beam_size': 1,
+    'decode.max_len_offset': 4,
+}
+
+# Step-level tests share these settings (and batch shapes), so they share compiled programs via the cache.
+DROPOUT_STEP = {'model__dropout': 0.1, 'train__warmup_steps': 2, 'train__learning_rate_scale': 4.0}
+NO_DROPOUT_STEP = {'model__dropout': 0.0, 'train__schedule': 'constant', 'train__learning_rate': 3e-3}
+STEP_ROWS, STEP_LENGTH = 8, 12
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """configs/default.py's get_config(), loaded the way train.py's --config flag loads it."""
+  spec = importlib.util.spec_from_file_location('default_config', DEFAULT_CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def set_path(config: ml_collections.ConfigDict, path: str, value):
+  *parents, leaf = path.split('.')
+  for name in parents:
+    config = config[name]
+  config[leaf] = value
+
+
+def tiny_config(**overrides) -> ml_collections.ConfigDict:
+  """The default config shrunk by TINY; overrides use '__' for '.' (train__num_steps=4)."""
+  config = default_config()
+  for path, value in {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}.items():
+    set_path(config, path, value)
+  return config
+
+
+def flag_args(**overrides) -> list[str]:
+  """train.py --config.* flags for TINY plus overrides (same '__' convention as tiny_config)."""
+  values = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  args = []
+  for path, value in values.items():
+    if isinstance(value, dict):
+      args += [f'--config.{path}.{k}={v}' for k, v in value.items()]
+    elif isinstance(value, tuple):
+      args.append(f'--config.{path}=({",".join(map(str, value))},)')
+    else:
+      args.append(f'--config.{path}={value}')
+  return args
+
+
+def train_command(workdir: str, *extra: str, **overrides) -> list[str]:
+  return [sys.executable, TRAIN_PY, f'--config={DEFAULT_CONFIG}', f'--workdir={workdir}',
+          *flag_args(**overrides), *extra]
+
+
+def subprocess_env(device_count: int = 8) -> dict:
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={device_count}'
+  env['JAX_PLATFORMS'] = 'cpu'
+  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
+  env['PYTHONUNBUFFERED'] = '1'
+  return env
+
+
+def prepare_workdir(workdir: str, tokenizer_workdir: str) -> str:
+  """A fresh workdir holding a copy of an already trained tokenizer (saves training it again)."""
+  os.makedirs(workdir, exist_ok=True)
+  shutil.copytree(os.path.join(tokenizer_workdir, 'tokenizer'), os.path.join(workdir, 'tokenizer'))
+  return workdir
+
+
+def read_metrics(workdir: str, split: str = 'train') -> list[dict]:
+  path = os.path.join(workdir, 'metrics.jsonl')
+  with open(path) as f:
+    records = [json.loads(line) for line in f]
+  return [r for r in records if r['split'] == split]
+
+
+def losses_by_step(workdir: str) -> dict[int, float]:
+  """Train loss per logged step; a step logged twice (a resumed run) keeps its last value."""
+  return {r['step']: r['loss'] for r in read_metrics(workdir)}
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  directory = os.path.join(workdir, 'checkpoints')
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def tree_digest(directory: str) -> dict[str, str]:
+  """sha256 of every file under a directory, by relative path (to show that nothing changed)."""
+  digest = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        digest[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+  return digest
+
+
+def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, seed: int = 0) -> list[dict]:
+  """Random unpacked batches in the pipeline's layout: tokens in [4, vocab), a random pad tail per row."""
+  rng = np.random.default_rng(seed)
+  batches = []
+  for _ in range(count):
+    batch = {}
+    for key in ('inputs', 'targets'):
+      lengths = rng.integers(length // 2, length + 1, size=rows)
+      positions = np.arange(length)[None, :]
+      real = positions < lengths[:, None]
+      batch[key] = np.where(real, rng.integers(4, vocab, size=(rows, length)), 0).astype(np.int32)
+      batch[f'{key}_segmentation'] = real.astype(np.int32)
+      batch[f'{key}_position'] = np.where(real, positions, 0).astype(np.int32)
+    batches.append(batch)
+  return batches
+
+
+def one_device_mesh(config: ml_collections.ConfigDict):
+  """A 1-device mesh (the reference of the parallel runs) and the config's rules."""
+  mesh_cfg = config.mesh.copy_and_resolve_references()
+  mesh_cfg.shape = {'data': 1, 'fsdp': 1, 'tensor': 1}
+  return sharding.make_mesh(mesh_cfg, jax.devices()[:1]), sharding.rules_from_config(mesh_cfg)
+
+
+def train_objects(config: ml_collections.ConfigDict):
+  """(model, tx, schedule) of a config, as the trainer builds them."""
+  mcfg = trainer.model_config(config)
+  return Transformer(mcfg), optim.make_optimizer(config.train, mcfg.d_model), \
+      optim.make_schedule(config.train, mcfg.d_model)
+
+
+def jitted_train_step(config, model, tx, schedule, state_shardings, mesh):
+  """The trainer's jitted train step (same in/out shardings)."""
+  batch_sharding = sharding.batch_sharding(mesh)
+  return jax.jit(
+      functools.partial(steps.train_step, model=model, tx=tx, schedule=schedule,
+                        smoothing=config.train.label_smoothing, grad_accum_steps=config.train.grad_accum_steps),
+      in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None))

@@ -1,0 +1,119 @@
+"""Parallelism is a config change that does not change the math: on 8 simulated CPU devices, data parallel,
+FSDP, data × tensor and FSDP × tensor parallel train step for step like one device (dropout on); FSDP
+stores 1/8 of the parameters per device; meshes and batches that do not fit are clear errors."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+import helpers
+from transformer_jax import sharding, steps
+
+NUM_STEPS = 3
+ROWS, LENGTH = helpers.STEP_ROWS, helpers.STEP_LENGTH
+
+MESHES = {
+    'dp': {'data': 8, 'fsdp': 1, 'tensor': 1},
+    'fsdp': {'data': 1, 'fsdp': 8, 'tensor': 1},
+    'dp_tp': {'data': 4, 'fsdp': 1, 'tensor': 2},
+    'fsdp_tp': {'data': 1, 'fsdp': 4, 'tensor': 2},
+}
+
+
+@pytest.fixture(scope='module')
+def setup():
+  # Dropout on (0.1): step s uses fold_in(rng, s) on the global arrays, so the masks do not depend on the
+  # sharding either. The paper schedule with a short warmup makes the updates large enough to matter.
+  config = helpers.tiny_config(**helpers.DROPOUT_STEP)
+  model, tx, schedule = helpers.train_objects(config)
+  batches = helpers.synthetic_batches(NUM_STEPS, ROWS, LENGTH, seed=1)
+  return config, model, tx, schedule, batches
+
+
+def _mesh(config, shape, devices):
+  config = config.copy_and_resolve_references()
+  config.mesh.shape = shape
+  return sharding.make_mesh(config.mesh, devices), sharding.rules_from_config(config.mesh)
+
+
+def _train(setup, mesh, rules, state, shardings):
+  config, model, tx, schedule, batches = setup
+  step_fn = helpers.jitted_train_step(config, model, tx, schedule, shardings, mesh)
+  losses, grad_norms = [], []
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for batch in batches:
+      state, metrics = step_fn(state, sharding.place_batch(batch, mesh))
+      losses.append(float(metrics['loss']) / float(metrics['tokens']))
+      grad_norms.append(float(metrics['grad_norm']))
+  return np.array(losses), np.array(grad_norms), jax.device_get(state.params)
+
+
+@pytest.fixture(scope='module')
+def one_device(setup):
+  config, model, tx, _, _ = setup
+  mesh, rules = helpers.one_device_mesh(config)
+  state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+  initial = jax.device_get(state.as_dict())
+  return initial, _train(setup, mesh, rules, state, shardings)
+
+
+@pytest.mark.parametrize('name', list(MESHES))
+def test_meshes_train_like_one_device(setup, one_device, name):
+  config, model, tx, _, _ = setup
+  assert jax.device_count() == 8
+  initial, (ref_losses, ref_norms, _) = one_device
+  mesh, rules = _mesh(config, MESHES[name], jax.devices())
+  if name == 'fsdp':  # created directly in its sharded layout
+    state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.as_dict()), initial)
+  else:  # the same initial state, placed on this mesh (saves compiling the initialisation once more)
+    _, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+    state = steps.TrainState.from_dict(jax.device_put(initial, shardings.as_dict()))
+  losses, norms, _ = _train(setup, mesh, rules, state, shardings)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+  np.testing.assert_allclose(norms, ref_norms, rtol=1e-4)
+  assert len(set(np.round(losses, 4))) == NUM_STEPS  # the steps really trained (losses change)
+
+
+def test_fsdp_stores_an_eighth_of_the_params_per_device(setup):
+  config, model, tx, _, _ = setup
+  mesh, rules = _mesh(config, MESHES['fsdp'], jax.devices())
+  state, _ = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+  total = sum(x.nbytes for x in jax.tree.leaves(state.params))
+  per_device = sharding.bytes_per_device(state.params)
+  assert len(per_device) == 8
+  # Everything with an embed (d_model) axis is split 8 ways; only small per-head biases stay replicated.
+  assert max(per_device.values()) <= total / 8 * 1.1, (max(per_device.values()), total)
+  assert sum(per_device.values()) <= total * 1.5
+  # The optimizer state (Adam's moments) follows the params.
+  opt_per_device = sharding.bytes_per_device(state.opt_state)
+  opt_total = sum(x.nbytes for x in jax.tree.leaves(state.opt_state))
+  assert max(opt_per_device.values()) <= opt_total / 8 * 1.1
+  # Data parallel, for contrast, keeps a full copy on every device.
+  mesh, rules = _mesh(config, MESHES['dp'], jax.devices())
+  abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+  replicated = sharding.bytes_per_device(jax.device_put(jax.device_get(state.params), shardings.params))
+  assert min(replicated.values()) == total
+
+
+def test_mesh_must_match_the_device_count():
+  config = helpers.tiny_config()
+  config.mesh.shape = {'data': 3, 'fsdp': 1, 'tensor': 1}
+  with pytest.raises(ValueError, match=r'uses 3 devices but 8 are available'):
+    sharding.make_mesh(config.mesh)
+  config.mesh.shape = {'data': -1, 'fsdp': 3, 'tensor': 1}
+  with pytest.raises(ValueError, match=r'cannot fill 8 devices'):
+    sharding.make_mesh(config.mesh)
+  config.mesh.shape = {'data': 8, 'model': 1}
+  with pytest.raises(ValueError, match=r'unknown mesh axes'):
+    sharding.make_mesh(config.mesh)
+
+
+def test_batch_must_divide_over_the_data_axes():
+  config = helpers.tiny_config()
+  config.mesh.shape = {'data': 2, 'fsdp': 2, 'tensor': 2}
+  mesh = sharding.make_mesh(config.mesh)
+  sharding.check_batch_divisible(8, mesh, 'pipeline.batch_size')
+  with pytest.raises(ValueError, match=r'pipeline.batch_size: a global batch of 6 rows .* 4 data-parallel'):
+    sharding.check_batch_divisible(6, mesh, 'pipeline.batch_size')
