@@ -7,6 +7,10 @@ warm-up and prints one JSON line per measurement and a short table at the end. C
   files      --num_pairs (>= 1M) synthetic pairs written to two text files in a temp dir, read
              back with sources.load_split (source='files') or, without sources.py, line by line
 Example: python -m bench.data_throughput --corpus=synthetic --num_pairs=200000 --seconds=10
+
+--against_training measures instead, in interleaved rounds of one process, the default config's own pipeline
+(built-in corpus, its tokenizer and batch layout) against the real tokens/s its jitted training step consumes,
+and reports the ratio (the loader must deliver >= 5x what training consumes).
 """
 
 import argparse
@@ -101,6 +105,45 @@ def measure(pairs, tokenizer, config, seconds: float, warmup_batches: int) -> di
   }
 
 
+def default_config_training_ratio(seconds: float, rounds: int) -> list[dict]:
+  """Pipeline tokens/s vs train-step tokens/s of configs/default.py, alternating the two in each round."""
+  import functools  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from transformer_jax import config_cli, optim, sharding, steps, trainer  # pylint: disable=import-outside-toplevel
+  from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
+  from transformer_jax.model import Transformer  # pylint: disable=import-outside-toplevel
+  config = config_cli.load_config_file('configs/default.py')
+  pairs = sources.load_split(config.data, 'train')
+  with tempfile.TemporaryDirectory() as directory:
+    tokenizer = tk.load_or_train_tokenizer(config.tokenizer, directory, pairs)
+  mesh = sharding.make_mesh(config.mesh)
+  mcfg = trainer.model_config(config)
+  model, tx = Transformer(mcfg), optim.make_optimizer(config.train, mcfg.d_model)
+  state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, sharding.rules_from_config(config.mesh))
+  step_fn = jax.jit(functools.partial(steps.train_step, model=model, tx=tx,
+                                      schedule=optim.make_schedule(config.train, mcfg.d_model), smoothing=0.1),
+                    donate_argnums=0)
+  batches = iter(pl.make_train_dataset(pairs, tokenizer, config.pipeline))
+  state, metrics = step_fn(state, sharding.place_batch(next(batches), mesh))  # compile
+  jax.block_until_ready(metrics)
+  results = []
+  for round_index in range(rounds):
+    loader = measure(pairs, tokenizer, config.pipeline, seconds, warmup_batches=5)
+    tokens, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+      batch = next(batches)
+      state, metrics = step_fn(state, sharding.place_batch(batch, mesh))
+      tokens += int((batch['inputs'] != 0).sum() + (batch['targets'] != 0).sum())
+    jax.block_until_ready(metrics)
+    train_tokens_per_s = tokens / (time.perf_counter() - start)
+    result = {'round': round_index, 'loader_source_target_tokens_per_s': loader['source_target_tokens_per_s'],
+              'train_step_source_target_tokens_per_s': train_tokens_per_s,
+              'ratio': loader['source_target_tokens_per_s'] / train_tokens_per_s}
+    common.emit(result)
+    results.append(result)
+  return results
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--corpus', choices=('synthetic', 'builtin', 'files'), default='synthetic')
@@ -111,8 +154,15 @@ def main():
   parser.add_argument('--num_workers', type=int, default=0)
   parser.add_argument('--seconds', type=float, default=10.0)
   parser.add_argument('--warmup_batches', type=int, default=20)
+  parser.add_argument('--against_training', action='store_true')
+  parser.add_argument('--rounds', type=int, default=3)
   args = parser.parse_args()
   flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags
+  if args.against_training:
+    results = default_config_training_ratio(args.seconds, args.rounds)
+    columns = ('round', 'loader_source_target_tokens_per_s', 'train_step_source_target_tokens_per_s', 'ratio')
+    print('\n' + common.markdown_table(list(columns), [[r[c] for c in columns] for r in results]))
+    return
 
   with tempfile.TemporaryDirectory() as directory:
     start = time.perf_counter()

@@ -7,7 +7,6 @@ built-in corpus of a few thousand pairs.
 
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from transformer_jax import optim, sharding, steps, trainer
+from transformer_jax import config_cli, optim, sharding, steps, trainer
 from transformer_jax.model import Transformer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,10 +66,7 @@ STEP_ROWS, STEP_LENGTH = 8, 12
 
 def default_config() -> ml_collections.ConfigDict:
   """configs/default.py's get_config(), loaded the way train.py's --config flag loads it."""
-  spec = importlib.util.spec_from_file_location('default_config', DEFAULT_CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return config_cli.load_config_file(DEFAULT_CONFIG)
 
 
 def set_path(config: ml_collections.ConfigDict, path: str, value):

@@ -212,7 +212,7 @@ def test_validate_rejects_unknown_mesh_axes():
 
 @pytest.mark.parametrize('args,message', [
     (['--config=configs/wmt14_ende_base.py:runlocal', '--config.train.warmup_steps=100000'],
-     'train.py: invalid config: train.warmup_steps=100000 > train.num_steps=200'),
+     'error: train.warmup_steps=100000 > train.num_steps=200'),
     (['--config=configs/wmt14_ende_base.py:runlocal', '--config.mesh.shape.model=2'],
      '--config.mesh.shape.model: the config has no key'),
     (['--config=configs/wmt14_ende_base.py:A_h99'], "ValueError: unknown config argument(s) ['A_h99']"),

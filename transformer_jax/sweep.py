@@ -47,6 +47,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
+from transformer_jax import config_cli
 from transformer_jax import config_defaults
 
 CONFIG_ARG = 'config_arg'
@@ -216,7 +217,7 @@ def variant_config(base: str, variant: Variant) -> ml_collections.ConfigDict:
   config = load_config(config_spec(base, variant))
   config.lock()  # as train.py's --config: overrides can change fields, not add them
   for key in variant.overrides:
-    unknown = config_defaults.unknown_key_message(config, key)
+    unknown = config_cli.unknown_key_message(config, key)
     if unknown:
       raise ValueError(f'variant {variant.name}: {key}: {unknown}')
   try:

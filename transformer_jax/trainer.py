@@ -3,6 +3,7 @@
 Side effects (I/O, logging, checkpoints, signals) live here; the math lives in `steps.py`.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -164,8 +165,14 @@ def evaluate(config, params, model, eval_fn, pairs, tok, mesh, max_batches=None)
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the last metrics."""
   check_workdir_writable(workdir)
+  with contextlib.ExitStack() as cleanup:  # writer, checkpoints and signal handlers are released on any exit
+    return _train(config, workdir, cleanup)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, cleanup: contextlib.ExitStack) -> dict:
   train_cfg = config.train
   writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
+  cleanup.callback(writer.close)
 
   # --- mesh and sharding rules
   mesh = sharding.make_mesh(config.mesh)
@@ -192,6 +199,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # --- checkpoint: resume if the workdir has one
   manager = checkpoint.make_manager(workdir, save_every=train_cfg.checkpoint_every,
                                     keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints)
+  cleanup.callback(manager.close)
+  cleanup.callback(manager.wait_until_finished)  # runs first: callbacks run last-in, first-out
   latest = manager.latest_step()
   if latest is not None:
     restored = checkpoint.restore_state(manager, latest, abstract.as_dict(), train_iter)
@@ -214,56 +223,51 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # --- loop
   peak = metrics_lib.peak_flops_per_device(jax.devices()[0])
   watcher = PreemptionWatcher()
+  cleanup.callback(watcher.restore)
   step = int(jax.device_get(state.step))
   pending, window = [], _Throughput()
   last = {}
   start_time, start_step = time.time(), step
-  try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      while step < train_cfg.num_steps:
-        host_batch = next(train_iter)
-        batch = sharding.place_batch(host_batch, mesh)
-        state, step_metrics = compiled(state, batch, step)
-        window.start += compiled.pop_seconds()  # compile time is logged on its own, not as step time
-        step += 1
-        pending.append(step_metrics)
-        window.steps += 1
-        window.tokens += int(np.count_nonzero(host_batch['inputs']) + np.count_nonzero(host_batch['targets'])) \
-            * jax.process_count()
-        window.flops += metrics_lib.train_flops(mcfg, batch['inputs'].shape[0], batch['inputs'].shape[1],
-                                                batch['targets'].shape[1])
-        stop = watcher.should_stop(step)
-        if step % train_cfg.log_every == 0 or step == train_cfg.num_steps or stop:
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    while step < train_cfg.num_steps:
+      host_batch = next(train_iter)
+      batch = sharding.place_batch(host_batch, mesh)
+      state, step_metrics = compiled(state, batch, step)
+      window.start += compiled.pop_seconds()  # compile time is logged on its own, not as step time
+      step += 1
+      pending.append(step_metrics)
+      window.steps += 1
+      window.tokens += int(np.count_nonzero(host_batch['inputs']) + np.count_nonzero(host_batch['targets'])) \
+          * jax.process_count()
+      window.flops += metrics_lib.train_flops(mcfg, batch['inputs'].shape[0], batch['inputs'].shape[1],
+                                              batch['targets'].shape[1])
+      stop = watcher.should_stop(step)
+      if step % train_cfg.log_every == 0 or step == train_cfg.num_steps or stop:
+        last = _log_train(writer, step, pending, window, train_cfg, peak, start_time, start_step, filter_stats)
+        _check_finite(last, step, train_cfg, manager)
+        pending, window = [], _Throughput()
+      if step % train_cfg.eval_every == 0 or step == train_cfg.num_steps:
+        eval_start = time.time()
+        eval_metrics = evaluate(config, state.params, model, eval_fn, valid_pairs, tok, mesh,
+                                train_cfg.eval_batches)
+        writer.write(step, 'eval', eval_metrics)
+        writer.progress(f'step {step}: eval loss {eval_metrics["loss"]:.4f}  nll {eval_metrics["nll"]:.4f}  '
+                        f'accuracy {eval_metrics["accuracy"]:.3f}')
+        last.update({f'eval_{k}': v for k, v in eval_metrics.items()})
+        window.start += time.time() - eval_start  # nor is evaluation
+      if stop or step == train_cfg.num_steps:
+        if pending:
           last = _log_train(writer, step, pending, window, train_cfg, peak, start_time, start_step, filter_stats)
           _check_finite(last, step, train_cfg, manager)
-          pending, window = [], _Throughput()
-        if step % train_cfg.eval_every == 0 or step == train_cfg.num_steps:
-          eval_start = time.time()
-          eval_metrics = evaluate(config, state.params, model, eval_fn, valid_pairs, tok, mesh,
-                                  train_cfg.eval_batches)
-          writer.write(step, 'eval', eval_metrics)
-          writer.progress(f'step {step}: eval loss {eval_metrics["loss"]:.4f}  nll {eval_metrics["nll"]:.4f}  '
-                          f'accuracy {eval_metrics["accuracy"]:.3f}')
-          last.update({f'eval_{k}': v for k, v in eval_metrics.items()})
-          window.start += time.time() - eval_start  # nor is evaluation
-        if stop or step == train_cfg.num_steps:
-          if pending:
-            last = _log_train(writer, step, pending, window, train_cfg, peak, start_time, start_step, filter_stats)
-            _check_finite(last, step, train_cfg, manager)
+        checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
+        if stop:
+          writer.progress(f'preempted: saved step {step} in {checkpoint.checkpoint_dir(workdir)}; '
+                          'rerun the same command to resume.')
+          break
+      else:
+        if step % train_cfg.checkpoint_every == 0:
+          _check_finite(_fetch(pending, last), step, train_cfg, manager)
           checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
-          if stop:
-            writer.progress(f'preempted: saved step {step} in {checkpoint.checkpoint_dir(workdir)}; '
-                            'rerun the same command to resume.')
-            break
-        else:
-          if step % train_cfg.checkpoint_every == 0:
-            _check_finite(_fetch(pending, last), step, train_cfg, manager)
-            checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
-  finally:
-    manager.wait_until_finished()
-    manager.close()
-    watcher.restore()
-    writer.close()
   last['step'] = step
   return {'state': state, 'metrics': last, 'tokenizer': tok, 'model': model, 'mesh': mesh}
 

@@ -9,7 +9,9 @@ import sys
 from absl import app
 from absl import flags
 
+from transformer_jax import config_cli
 from transformer_jax import evaluation
+from transformer_jax import metric_writer
 from transformer_jax import trainer
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
@@ -24,14 +26,13 @@ _BATCH = flags.DEFINE_integer('batch_size', 32, 'Sentences translated at once.')
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; text comes on standard input.')
-  config = trainer.load_saved_config(_WORKDIR.value)
-  restored = evaluation.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
-  lines = sys.stdin.read().splitlines()
-  try:
+  metric_writer.quiet_library_logs()
+  with config_cli.exit_on_user_error(ValueError, OSError):
+    config = trainer.load_saved_config(_WORKDIR.value)
+    restored = evaluation.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
+    lines = sys.stdin.read().splitlines()
     translations = evaluation.translate_lines(restored, lines, method=_METHOD.value, beam_size=_BEAM.value,
                                               batch_size=_BATCH.value, truncate=_TRUNCATE.value)
-  except ValueError as e:
-    sys.exit(f'error: {e}')
   sys.stdout.write(''.join(t + '\n' for t in translations))
 
 
