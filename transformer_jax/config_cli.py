@@ -111,4 +111,10 @@ def _load_config_flag(argv: list[str], default: str | None) -> ml_collections.Co
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """The config of a 'path/to/config.py[:argument]' string, loaded as the --config flag loads it."""
-  return config_flags_lib.ConfigFileFlagParser(name='config').parse(spec)
+  try:
+    return config_flags_lib.ConfigFileFlagParser(name='config').parse(spec)
+  except TypeError as e:
+    if 'takes 0 positional arguments' not in str(e):
+      raise
+    path, _, arg = spec.partition(':')
+    raise ValueError(f'{path}: get_config() takes no argument, but the config {spec!r} passes {arg!r}.') from None

@@ -32,7 +32,6 @@ import csv
 import dataclasses
 import datetime
 import importlib.util
-import inspect
 import io
 import itertools
 import json
@@ -203,18 +202,9 @@ def config_spec(base: str, variant: Variant) -> str:
   return f'{base},{variant.config_arg}' if ':' in base else f'{base}:{variant.config_arg}'
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
-  """Loads `path[:arg]` like train.py's --config (get_config(arg), or get_config() without an argument)."""
-  path, *arg = spec.split(':', 1)
-  module = _load_module(path, 'sweep_config')
-  if arg and not inspect.signature(module.get_config).parameters:
-    raise ValueError(f'{path}: get_config() takes no argument, but the config {spec!r} passes {arg[0]!r}.')
-  return module.get_config(*arg)
-
-
 def variant_config(base: str, variant: Variant) -> ml_collections.ConfigDict:
   """The variant's full config, validated as train.py will (unknown keys and bad values fail here)."""
-  config = load_config(config_spec(base, variant))
+  config = config_cli.load_config_file(config_spec(base, variant))
   config.lock()  # as train.py's --config: overrides can change fields, not add them
   for key in variant.overrides:
     unknown = config_cli.unknown_key_message(config, key)
