@@ -16,6 +16,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from transformer_jax import attention
 from transformer_jax.model_config import ModelConfig
@@ -80,10 +81,82 @@ class Embedder(nn.Module):
     return _constrain(x, ('batch', 'length', 'embed'))
 
 
+@jax.custom_vjp
+def tied_logits(y: jax.Array, embedding: jax.Array) -> jax.Array:
+  """The pre-softmax layer sharing the embedding matrix: y · Eᵀ, [..., d] × [vocab, d] -> [..., vocab].
+
+  Same values as `nn.Embed.attend`; only the backward pass is written out. Autodiff would compute dE as
+  gᵀ · y, and XLA:CPU then materialises the [vocab, tokens] transpose of the logits cotangent (fused with
+  the softmax backward, so it is recomputed in a cache-hostile order: ~20% of a base-model training step on
+  a CPU). Here dE = (yᵀ · g)ᵀ: only the small [tokens, d] activations and the [d, vocab] result are
+  transposed. See bench/RESULTS.md.
+  """
+  return jnp.dot(y, embedding.T)
+
+
+def _tied_logits_fwd(y, embedding):
+  return tied_logits(y, embedding), (y, embedding)
+
+
+def _tied_logits_bwd(residuals, g):
+  y, embedding = residuals
+  lead = ''.join(chr(ord('a') + i) for i in range(y.ndim - 1))
+  d_embedding_t = jnp.einsum(f'{lead}x,{lead}v->xv', y, g)  # [d, vocab]
+  return jnp.dot(g, embedding), d_embedding_t.T
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
 def make_embedding(config: ModelConfig) -> nn.Embed:
   return nn.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
                   param_dtype=config.weight_dtype,
                   embedding_init=_param(nn.initializers.normal(config.d_model ** -0.5), ('vocab', 'embed')))
+
+
+_CONTRACTION = 'contraction'  # checkpoint name of `contract`'s output, saved by the dot remat policies
+
+
+def contract(x: jax.Array, kernel: jax.Array, num_in: int) -> jax.Array:
+  """x · W over x's last `num_in` axes (= jnp.tensordot(x, kernel, num_in)), with the backward pass written
+  out as dx = g · Wᵀ and dW = xᵀ · g.
+
+  Same values as autodiff; the point is the layout XLA:CPU picks. Autodiff's form makes it materialise the
+  cotangent g transposed, fused with the dropout backward before it (re-reading the dropout bits in a
+  transposed, cache-hostile order: ~30 ms per layer and direction in the base model); this form transposes
+  only the saved input x. See bench/RESULTS.md.
+  """
+  return checkpoint_name(_contract(x, kernel, num_in), _CONTRACTION)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _contract(x, kernel, num_in):
+  return jnp.tensordot(x, kernel, axes=num_in)
+
+
+def _contract_fwd(x, kernel, num_in):
+  return _contract(x, kernel, num_in), (x, kernel)
+
+
+def _contract_bwd(num_in, residuals, g):
+  x, kernel = residuals
+  num_batch = x.ndim - num_in
+  dx = jnp.tensordot(g, kernel, axes=(tuple(range(num_batch, g.ndim)), tuple(range(num_in, kernel.ndim))))
+  d_kernel = jnp.tensordot(x, g, axes=(tuple(range(num_batch)), tuple(range(num_batch))))
+  return dx, d_kernel
+
+
+_contract.defvjp(_contract_fwd, _contract_bwd)
+
+
+def _dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
+  """nn.Dense's `dot_general` (x's last axis against the kernel's first) through `contract`."""
+  (lhs_contract, rhs_contract), (lhs_batch, _) = dimension_numbers
+  if (tuple(lhs_contract) != (x.ndim - 1,) or tuple(rhs_contract) != (0,) or lhs_batch or precision is not None
+      or preferred_element_type is not None):
+    return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type)
+  return contract(x, kernel, 1)
 
 
 class Projection(nn.Module):
@@ -105,7 +178,7 @@ class Projection(nn.Module):
     init = nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform', in_axis=tuple(range(self.num_in)),
                                             out_axis=tuple(range(self.num_in, len(shape))))
     kernel = self.param('kernel', _param(init, self.names), shape, cfg.weight_dtype)
-    return jnp.tensordot(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), axes=self.num_in)
+    return contract(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), self.num_in)
 
 
 class MultiHeadAttention(nn.Module):
@@ -176,7 +249,8 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+    dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+                              dot_general=_dense_dot_general)
     h = dense(cfg.d_ff, kernel_init=_param(_xavier, ('embed', 'mlp')),
               bias_init=_param(nn.initializers.zeros, ('mlp',)), name='wi')(x)
     h = _constrain(nn.relu(h), ('batch', 'length', 'mlp'))
@@ -239,7 +313,11 @@ class DecoderLayer(nn.Module):
 def _maybe_remat(layer_cls, config: ModelConfig, decode=False):
   if config.remat == 'none' or decode:
     return layer_cls
-  return nn.remat(layer_cls, policy=_REMAT_POLICIES[config.remat])
+  policy = _REMAT_POLICIES[config.remat]
+  if policy is not None:  # the dot policies do not see the dot inside `contract`: save it by name
+    policy = jax.checkpoint_policies.save_from_both_policies(
+        policy, jax.checkpoint_policies.save_only_these_names(_CONTRACTION))
+  return nn.remat(layer_cls, policy=policy)
 
 
 def _positions_or_default(tokens, positions):
@@ -299,8 +377,8 @@ class Decoder(nn.Module):
       y = layer_cls(cfg, deterministic, decode, name=f'layer_{i}')(y, encoded, self_spec, cross_spec, decode_index)
     if cfg.norm == 'pre':
       y = layer_norm(cfg, 'final_norm')(y)
-    if cfg.share_embeddings:
-      logits = self.embedding.attend(y)
+    if cfg.share_embeddings:  # = self.embedding.attend(y), with a CPU-friendly backward pass
+      logits = tied_logits(y.astype(cfg.compute_dtype), self.embedding.embedding.astype(cfg.compute_dtype))
     else:
       logits = Projection(cfg, (cfg.vocab_size,), ('embed', 'vocab'), name='logits')(y)
     return _constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))

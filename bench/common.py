@@ -1,0 +1,72 @@
+"""Helpers shared by the benchmarks: JSON-line output, a Markdown table, timing, machine description."""
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+# `python bench/<name>.py` as well as `python -m bench.<name>`: make the repository root importable.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+
+def cpu_model() -> str:
+  """The CPU's model name from /proc/cpuinfo (the platform's processor string elsewhere)."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+  return {'cpu': cpu_model(), 'cpu_count': os.cpu_count(), 'python': platform.python_version()}
+
+
+def emit(record: dict) -> None:
+  """One measurement as one JSON line on stdout."""
+  print(json.dumps(record, sort_keys=False), flush=True)
+
+
+def timed(fn, *args):
+  """Seconds one call of fn(*args) takes, waiting for its (JAX or other) results; returns (seconds, result)."""
+  start = time.perf_counter()
+  out = fn(*args)
+  block(out)
+  return time.perf_counter() - start, out
+
+
+def block(tree):
+  try:
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.block_until_ready(tree)
+  except ImportError:
+    pass
+  return tree
+
+
+def median(xs):
+  return statistics.median(xs) if xs else float('nan')
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+  def fmt(x):
+    if isinstance(x, float):
+      if x != x:  # nan
+        return '–'
+      return f'{x:.3g}' if abs(x) < 100 else f'{x:,.0f}'
+    return str(x)
+
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
+  lines += ['| ' + ' | '.join(fmt(x) for x in row) + ' |' for row in rows]
+  return '\n'.join(lines)
+
+
+def parse_ints(text: str) -> list[int]:
+  return [int(x) for x in text.split(',') if x.strip()]

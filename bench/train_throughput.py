@@ -1,0 +1,340 @@
+"""Training throughput of our jitted train step against eager `torch.nn.Transformer`, same dimensions.
+
+Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 64 rows × 64 tokens) and
+`base` (6+6 layers, d_model 512, d_ff 2048, 8 heads, vocab 32000, 32 rows × 64 source and 64 target tokens),
+both float32, Adam(0.9, 0.98, 1e-9), dropout 0.1, label smoothing 0.1, a fixed random batch without padding.
+
+ours:  steps.create_sharded_state on a 1-device mesh ({'data': -1, 'fsdp': 1, 'tensor': 1}) and
+       jax.jit(partial(steps.train_step, ...), donate_argnums=0), as in trainer.py.
+torch: torch.nn.Transformer(batch_first=True, dropout=0.1) + a token embedding shared with the output layer
+       (×√d_model), sinusoidal positions, causal target mask, cross_entropy(label_smoothing=0.1),
+       torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads).
+
+After compile/warm-up the two take turns: `--rounds` rounds of `--steps` steps each, every step timed on its
+own (waiting for its results); we report the median step time, tokens/s (target tokens = rows × target length,
+and source + target) and achieved GFLOP/s (metrics.train_flops, the same count for both).
+
+--gpu_paper_batch: ours only, the base model in bfloat16 at the paper's batch (~25k source + 25k target tokens,
+--paper_rows × --paper_length), 'dot_product' attention (cuDNN), reporting step time and MFU
+(metrics.peak_flops_per_device). Meant for an H100; on a CPU it runs (shrink it with --paper_rows) but has
+no MFU.
+
+Example (repository root): python -m bench.train_throughput --configs=default,base --rounds=3 --steps=3
+"""
+
+import argparse
+import contextlib
+import functools
+import math
+import os
+import time
+
+from bench import common
+
+CONFIGS = ('default', 'base')
+
+
+def model_dims(name: str, args):
+  """(ModelConfig, batch rows, source length, target length) of a named config."""
+  from transformer_jax.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  if name == 'default':
+    from configs import default  # pylint: disable=import-outside-toplevel
+    config = default.get_config()
+    cfg = ModelConfig.from_dict(config.model)
+    rows, length = config.pipeline.batch_size, config.pipeline.packed_length
+  elif name == 'base':
+    cfg = ModelConfig(vocab_size=32000, d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=6,
+                      num_decoder_layers=6, dropout=0.1)
+    rows, length = 32, 64
+  else:
+    raise ValueError(f'unknown config {name!r}: use one of {CONFIGS}')
+  rows = args.rows or rows
+  source_len, target_len = args.source_len or length, args.target_len or length
+  cfg = cfg.replace(max_len=max(cfg.max_len, source_len, target_len), **parse_overrides(args.override))
+  return cfg, rows, source_len, target_len
+
+
+def parse_overrides(text: str) -> dict:
+  """'attention=dot_product,remat=none' -> ModelConfig changes (ints and floats parsed)."""
+  out = {}
+  for item in filter(None, (x.strip() for x in text.split(','))):
+    key, value = item.split('=', 1)
+    for cast in (int, float):
+      try:
+        value = cast(value)
+        break
+      except ValueError:
+        pass
+    out[key] = value
+  return out
+
+
+def random_batch(rows, source_len, target_len, vocab, seed=0):
+  """Token ids in [3, vocab): no padding (0) and none of the reserved ids."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  return {'inputs': rng.integers(3, vocab, (rows, source_len), dtype=np.int32),
+          'targets': rng.integers(3, vocab, (rows, target_len), dtype=np.int32)}
+
+
+# ------------------------------------------------------------------------------------------------ ours (JAX)
+
+class Ours:
+  """Our train step. autodiff=True: the model's hand-written backward passes (`model.tied_logits`,
+  `model.contract`) replaced by plain autodiff while tracing — the step as it was before those changes."""
+
+  def __init__(self, cfg, host_batch, seed=0, autodiff=False):
+    self.name = 'ours_autodiff' if autodiff else 'ours'
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+    import jax  # pylint: disable=import-outside-toplevel
+    from transformer_jax import config_defaults, optim, sharding, steps  # pylint: disable=import-outside-toplevel
+    from transformer_jax.model import Transformer  # pylint: disable=import-outside-toplevel
+
+    train_cfg = config_defaults.base_config().train  # paper schedule, Adam(0.9, 0.98, 1e-9), smoothing 0.1
+    mesh_cfg = sharding.default_mesh_config()
+    mesh_cfg.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
+    self.mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:1])
+    self.rules = sharding.rules_from_config(mesh_cfg)
+    model = Transformer(cfg)
+    schedule = optim.make_schedule(train_cfg, cfg.d_model)
+    tx = optim.make_optimizer(train_cfg, cfg.d_model)
+    batch_shape = (host_batch['inputs'].shape[0], 8)
+    self.state, shardings = steps.create_sharded_state(model, tx, seed, batch_shape, self.mesh, self.rules)
+    self.batch = sharding.place_batch(host_batch, self.mesh)
+    step = functools.partial(steps.train_step, model=model, tx=tx, schedule=schedule,
+                             smoothing=train_cfg.label_smoothing)
+    jitted = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(self.mesh)),
+                     out_shardings=(shardings, None), donate_argnums=0)
+    self._context = lambda: _Both(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
+    start = time.perf_counter()
+    with self._context(), _plain_autodiff(autodiff):
+      self.compiled = jitted.lower(self.state, self.batch).compile()
+    self.compile_s = time.perf_counter() - start
+    self._jax = jax
+
+  def step(self) -> float:
+    """One training step; returns its loss sum (forces completion)."""
+    with self._context():
+      self.state, metrics = self.compiled(self.state, self.batch)
+    return float(metrics['loss'])
+
+  def memory(self) -> dict:
+    m = self.compiled.memory_analysis()
+    return {'temp_bytes': m.temp_size_in_bytes, 'argument_bytes': m.argument_size_in_bytes,
+            'output_bytes': m.output_size_in_bytes, 'alias_bytes': m.alias_size_in_bytes}
+
+
+@contextlib.contextmanager
+def _plain_autodiff(enabled: bool):
+  from transformer_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  saved = model_lib.tied_logits, model_lib.contract
+  if enabled:
+    model_lib.tied_logits = lambda y, embedding: jnp.dot(y, embedding.T)
+    model_lib.contract = lambda x, kernel, num_in: jnp.tensordot(x, kernel, axes=num_in)
+  try:
+    yield
+  finally:
+    model_lib.tied_logits, model_lib.contract = saved
+
+
+class _Both:
+  def __init__(self, *contexts):
+    self.contexts = contexts
+
+  def __enter__(self):
+    for c in self.contexts:
+      c.__enter__()
+
+  def __exit__(self, *exc):
+    for c in reversed(self.contexts):
+      c.__exit__(*exc)
+
+
+# ---------------------------------------------------------------------------------------------------- torch
+
+class Torch:
+  name = 'torch'
+
+  def __init__(self, cfg, host_batch, threads, seed=0):
+    import torch  # pylint: disable=import-outside-toplevel
+    from torch import nn  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    d, vocab = cfg.d_model, cfg.vocab_size
+
+    class Model(nn.Module):
+      def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, d)
+        nn.init.normal_(self.embedding.weight, std=d ** -0.5)
+        self.transformer = nn.Transformer(d, cfg.num_heads, cfg.num_encoder_layers, cfg.num_decoder_layers,
+                                          cfg.d_ff, dropout=cfg.dropout, batch_first=True)
+        self.dropout = nn.Dropout(cfg.dropout)
+        length = max(host_batch['inputs'].shape[1], host_batch['targets'].shape[1])
+        position = torch.arange(length, dtype=torch.float32)[:, None]
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        pe = torch.stack([torch.sin(position * inv_freq), torch.cos(position * inv_freq)], -1).reshape(length, d)
+        self.register_buffer('pe', pe)
+
+      def embed(self, tokens):
+        return self.dropout(self.embedding(tokens) * math.sqrt(d) + self.pe[:tokens.shape[1]])
+
+      def forward(self, src, tgt_in, tgt_mask):
+        y = self.transformer(self.embed(src), self.embed(tgt_in), tgt_mask=tgt_mask, tgt_is_causal=True)
+        return nn.functional.linear(y, self.embedding.weight)
+
+    self.torch = torch
+    self.model = Model().train()
+    self.src = torch.from_numpy(host_batch['inputs']).long()
+    self.tgt = torch.from_numpy(host_batch['targets']).long()
+    self.tgt_in = torch.cat([torch.ones_like(self.tgt[:, :1]), self.tgt[:, :-1]], 1)  # BOS = 1, shifted right
+    self.tgt_mask = nn.Transformer.generate_square_subsequent_mask(self.tgt.shape[1])
+    self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    self.vocab = vocab
+    self.compile_s = 0.0
+
+  def step(self) -> float:
+    self.opt.zero_grad(set_to_none=True)
+    logits = self.model(self.src, self.tgt_in, self.tgt_mask)
+    loss = self.torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), self.tgt.reshape(-1),
+                                                  label_smoothing=0.1)
+    loss.backward()
+    self.opt.step()
+    return float(loss.detach())
+
+
+# ----------------------------------------------------------------------------------------------------- main
+
+def measure(runners, rounds, steps, warmup):
+  """Warm-up steps, then rounds in which every runner takes `steps` individually timed steps in turn."""
+  times = {r.name: [] for r in runners}
+  cpu_times = {r.name: [] for r in runners}
+  for r in runners:
+    for _ in range(warmup):
+      r.step()
+  for _ in range(rounds):
+    for r in runners:
+      for _ in range(steps):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        r.step()
+        times[r.name].append(time.perf_counter() - start)
+        cpu_times[r.name].append(time.process_time() - cpu_start)
+  return times, cpu_times
+
+
+def throughput_record(name, config_name, cfg, rows, source_len, target_len, step_times, cpu_times, extra=None):
+  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
+  t = common.median(step_times)
+  flops = metrics.train_flops(cfg, rows, source_len, target_len)
+  record = {'config': config_name, 'impl': name, 'rows': rows, 'source_len': source_len, 'target_len': target_len,
+            'step_s': t, 'step_times_s': [round(x, 4) for x in step_times],
+            'cpu_s_per_step': common.median(cpu_times),  # process CPU time (all threads): less load-sensitive
+            'target_tokens_per_s': rows * target_len / t, 'all_tokens_per_s': rows * (source_len + target_len) / t,
+            'train_gflops_per_step': flops / 1e9, 'gflops_per_s': flops / t / 1e9}
+  record.update(extra or {})
+  return record
+
+
+def run_comparison(args):
+  import jax  # pylint: disable=import-outside-toplevel
+  info = common.machine()
+  info.update(backend=jax.default_backend(), jax=jax.__version__, xla_flags=os.environ.get('XLA_FLAGS', ''))
+  impls = [x for x in args.impls.split(',') if x]
+  if 'torch' in impls:
+    import torch  # pylint: disable=import-outside-toplevel
+    info.update(torch=torch.__version__, torch_threads=args.threads)
+  common.emit({'bench': 'train_throughput', 'machine': info, 'override': args.override})
+  table = []
+  for config_name in [c for c in args.configs.split(',') if c]:
+    cfg, rows, source_len, target_len = model_dims(config_name, args)
+    host_batch = random_batch(rows, source_len, target_len, cfg.vocab_size)
+    runners = []
+    if 'ours' in impls:
+      runners.append(Ours(cfg, host_batch))
+    if 'ours_autodiff' in impls:
+      runners.append(Ours(cfg, host_batch, autodiff=True))
+    if 'torch' in impls:
+      runners.append(Torch(cfg, host_batch, args.threads))
+    times, cpu_times = measure(runners, args.rounds, args.steps, args.warmup)
+    records = {}
+    for r in runners:
+      extra = {'compile_s': r.compile_s, 'attention': cfg.attention, 'remat': cfg.remat}
+      if isinstance(r, Ours):
+        extra.update(r.memory())
+      records[r.name] = throughput_record(r.name, config_name, cfg, rows, source_len, target_len, times[r.name],
+                                          cpu_times[r.name], extra)
+      common.emit(records[r.name])
+    ratios = {}
+    if 'torch' in records:
+      for name in records:
+        if name != 'torch':
+          ratios[name] = records[name]['target_tokens_per_s'] / records['torch']['target_tokens_per_s']
+          common.emit({'config': config_name, f'{name}_over_torch_tokens_per_s': ratios[name]})
+    for name, rec in records.items():
+      table.append([config_name, name, f'{rows}×{source_len}+{target_len}', rec['step_s'] * 1e3,
+                    rec['cpu_s_per_step'], rec['target_tokens_per_s'], rec['all_tokens_per_s'], rec['gflops_per_s'],
+                    f'{ratios[name]:.2f}' if name in ratios else ''])
+    del runners
+  print()
+  print(common.markdown_table(['config', 'impl', 'batch (rows×src+tgt)', 'step ms', 'CPU s/step', 'target tok/s',
+                               'src+tgt tok/s', 'GFLOP/s', '× torch tok/s'], table))
+
+
+def run_gpu_paper_batch(args):
+  """The base model in bfloat16 at the paper's ~25k+25k-token batch: step time and MFU (ours only)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
+  args.rows, args.source_len, args.target_len = args.paper_rows, args.paper_length, args.paper_length
+  overrides = {'dtype': 'bfloat16', 'attention': 'dot_product'}
+  overrides.update(parse_overrides(args.override))
+  args.override = ','.join(f'{k}={v}' for k, v in overrides.items())
+  cfg, rows, source_len, target_len = model_dims('base', args)
+  device = jax.devices()[0]
+  info = common.machine()
+  info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__)
+  common.emit({'bench': 'train_throughput', 'mode': 'gpu_paper_batch', 'machine': info, 'override': args.override})
+  ours = Ours(cfg, random_batch(rows, source_len, target_len, cfg.vocab_size))
+  times, cpu_times = measure([ours], args.rounds, args.steps, args.warmup)
+  peak = metrics.peak_flops_per_device(device)
+  record = throughput_record('ours', 'base-bf16-paper-batch', cfg, rows, source_len, target_len, times['ours'],
+                             cpu_times['ours'], {'compile_s': ours.compile_s, 'device': device.device_kind, 'peak_flops': peak})
+  record['mfu'] = record['gflops_per_s'] * 1e9 / peak if peak else None
+  common.emit(record)
+  print()
+  print(common.markdown_table(
+      ['device', 'batch (rows×src+tgt)', 'step ms', 'target tok/s', 'src+tgt tok/s', 'TFLOP/s', 'MFU'],
+      [[device.device_kind, f'{rows}×{source_len}+{target_len}', record['step_s'] * 1e3,
+        record['target_tokens_per_s'], record['all_tokens_per_s'], record['gflops_per_s'] / 1e3,
+        f"{100 * record['mfu']:.1f}%" if peak else 'n/a (unknown peak)']]))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--configs', default='default,base', help=f'comma-separated, from {CONFIGS}')
+  p.add_argument('--impls', default='ours,torch',
+                 help="comma-separated: 'ours', 'torch', 'ours_autodiff' (ours with plain-autodiff backward passes)")
+  p.add_argument('--rounds', type=int, default=3)
+  p.add_argument('--steps', type=int, default=3, help='timed steps per implementation per round')
+  p.add_argument('--warmup', type=int, default=2, help='untimed steps per implementation after compiling')
+  p.add_argument('--threads', type=int, default=2, help='torch.set_num_threads')
+  p.add_argument('--rows', type=int, default=0, help='batch rows (0: the config\'s)')
+  p.add_argument('--source_len', type=int, default=0)
+  p.add_argument('--target_len', type=int, default=0)
+  p.add_argument('--override', default='', help="our ModelConfig changes, e.g. 'attention=dot_product'")
+  p.add_argument('--xla_flags', default=None, help='XLA_FLAGS for this run (set before JAX starts)')
+  p.add_argument('--gpu_paper_batch', action='store_true',
+                 help='base model, bfloat16, paper batch, ours only: step time and MFU (for a GPU)')
+  p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
+  p.add_argument('--paper_length', type=int, default=128, help='--gpu_paper_batch source and target length')
+  args = p.parse_args(argv)
+  if args.xla_flags is not None:
+    os.environ['XLA_FLAGS'] = args.xla_flags
+  if args.gpu_paper_batch:
+    run_gpu_paper_batch(args)
+  else:
+    run_comparison(args)
+
+
+if __name__ == '__main__':
+  main()
