@@ -11,6 +11,7 @@ import ml_collections
 import pytest
 
 from configs import presets
+from transformer_jax import config_cli
 from transformer_jax import config_defaults
 from transformer_jax import sweep
 from transformer_jax.table3 import VARIANTS
@@ -22,7 +23,7 @@ PAPER_FILES = ('wmt14_ende_base', 'wmt14_ende_big', 'wmt14_enfr_big', 'wsj_parsi
 
 def _load(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
   path = os.path.join(CONFIG_DIR, f'{name}.py')
-  return sweep.load_config(f'{path}:{arg}' if arg else path)
+  return config_cli.load_config_file(f'{path}:{arg}' if arg else path)
 
 
 def _flat(config) -> dict:
