@@ -21,9 +21,9 @@ from jax.experimental import multihost_utils
 from transformer_jax import bleu
 from transformer_jax import checkpoint
 from transformer_jax import decoding
-from transformer_jax import metrics as metrics_lib
 from transformer_jax import sharding
 from transformer_jax import steps
+from transformer_jax import trainer
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
@@ -233,15 +233,8 @@ def teacher_forced_metrics(restored: Restored, pairs) -> dict:
   """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over every pair."""
   eval_fn = jax.jit(functools.partial(steps.eval_step, model=restored.model,
                                       smoothing=restored.config.train.label_smoothing))
-  totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
-  batches = pipeline.make_eval_batches(pairs, restored.tokenizer, restored.config.eval.batch_size,
-                                       process_index=jax.process_index(), process_count=jax.process_count())
   with restored.on_mesh():
-    for batch in batches:
-      batch = sharding.place_batch({k: v for k, v in batch.items() if k != 'example_index'}, restored.mesh)
-      sums = jax.device_get(eval_fn(restored.params, batch))
-      totals = {k: totals[k] + float(sums[k]) for k in totals}
-  return metrics_lib.normalize(totals)
+    return trainer.evaluate(restored.config, restored.params, eval_fn, pairs, restored.tokenizer, restored.mesh)
 
 
 def results_path(workdir: str, split: str, test_split: str) -> str:

@@ -148,8 +148,8 @@ class _CompiledSteps:
     return self._compiled[key](state, batch)
 
 
-def evaluate(config, params, model, eval_fn, pairs, tok, mesh, max_batches=None) -> dict:
-  """Teacher-forced loss, perplexity and token accuracy over (a prefix of) a split."""
+def evaluate(config, params, eval_fn, pairs, tok, mesh, max_batches=None) -> dict:
+  """Teacher-forced loss, perplexity and token accuracy over (a prefix of) a split; used by training and eval."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, config.eval.batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count())
@@ -248,8 +248,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, cleanup: contextlib.
         pending, window = [], _Throughput()
       if step % train_cfg.eval_every == 0 or step == train_cfg.num_steps:
         eval_start = time.time()
-        eval_metrics = evaluate(config, state.params, model, eval_fn, valid_pairs, tok, mesh,
-                                train_cfg.eval_batches)
+        eval_metrics = evaluate(config, state.params, eval_fn, valid_pairs, tok, mesh, train_cfg.eval_batches)
         writer.write(step, 'eval', eval_metrics)
         writer.progress(f'step {step}: eval loss {eval_metrics["loss"]:.4f}  nll {eval_metrics["nll"]:.4f}  '
                         f'accuracy {eval_metrics["accuracy"]:.3f}')
