@@ -5,7 +5,6 @@ boolean blocks on demand, so the chunked implementation never materialises a [q,
 implementations share one signature (`attend`) and return zeros for a query that may attend to nothing.
 """
 
-import functools
 import math
 
 import flax.struct
@@ -163,5 +162,3 @@ def attend(q, k, v, spec: MaskSpec, *, implementation='reference', chunk_size=51
   raise ValueError(f"unknown attention implementation {implementation!r}: use 'reference', "
                    "'dot_product' or 'chunked'.")
 
-
-attention_weights = functools.partial(reference_attention, return_weights=True)
