@@ -4,9 +4,11 @@ import os
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from transformer_jax import config_cli
 from transformer_jax import distributed
+from transformer_jax import host_memory
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 config_cli.define_config_flag(_DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:variant]).')
@@ -17,12 +19,14 @@ distributed.define_flags()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.key=value.')
+  config = flags.FLAGS.config
+  reuse = config.train.reuse_host_memory and host_memory.reuse_freed_memory()  # before JAX starts its threads
   distributed.initialize_from_flags()
   from transformer_jax import config_defaults, evaluation, metric_writer, trainer  # after distributed init
   metric_writer.quiet_library_logs()
-  config = flags.FLAGS.config
   with config_cli.exit_on_user_error(ValueError, OSError, trainer.NonFiniteLossError):
     config_defaults.validate(config)
+    logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
     result = trainer.train_and_evaluate(config, _WORKDIR.value)
     if result['metrics'].get('step') == config.train.num_steps:
       evaluation.final_report(config, _WORKDIR.value)

@@ -10,6 +10,9 @@ torch: torch.nn.Transformer(batch_first=True, dropout=0.1) + a token embedding s
        (×√d_model), sinusoidal positions, causal target mask, cross_entropy(label_smoothing=0.1),
        torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads).
 
+Both run with glibc keeping freed memory for reuse (`--malloc=reuse`, as train.py does; `--malloc=system` for
+glibc's defaults), each step's user/system CPU time and page faults recorded.
+
 After compile/warm-up the two take turns: `--rounds` rounds of `--steps` steps each, every step timed on its
 own (waiting for its results); we report the median step time, tokens/s (target tokens = rows × target length,
 and source + target) and achieved GFLOP/s (metrics.train_flops, the same count for both).
@@ -27,9 +30,11 @@ import contextlib
 import functools
 import math
 import os
+import resource
 import time
 
 from bench import common
+from transformer_jax import host_memory
 
 CONFIGS = ('default', 'base')
 
@@ -209,17 +214,20 @@ class Torch:
 def measure(runners, rounds, steps, warmup):
   """Warm-up steps, then rounds in which every runner takes `steps` individually timed steps in turn."""
   times = {r.name: [] for r in runners}
-  cpu_times = {r.name: [] for r in runners}
+  cpu_times = {r.name: [] for r in runners}  # user + system seconds of all threads
   for r in runners:
     for _ in range(warmup):
       r.step()
   for _ in range(rounds):
     for r in runners:
       for _ in range(steps):
-        start, cpu_start = time.perf_counter(), time.process_time()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.perf_counter()
         r.step()
         times[r.name].append(time.perf_counter() - start)
-        cpu_times[r.name].append(time.process_time() - cpu_start)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu_times[r.name].append({'user': after.ru_utime - before.ru_utime, 'sys': after.ru_stime - before.ru_stime,
+                                  'faults': after.ru_minflt - before.ru_minflt})
   return times, cpu_times
 
 
@@ -229,7 +237,10 @@ def throughput_record(name, config_name, cfg, rows, source_len, target_len, step
   flops = metrics.train_flops(cfg, rows, source_len, target_len)
   record = {'config': config_name, 'impl': name, 'rows': rows, 'source_len': source_len, 'target_len': target_len,
             'step_s': t, 'step_times_s': [round(x, 4) for x in step_times],
-            'cpu_s_per_step': common.median(cpu_times),  # process CPU time (all threads): less load-sensitive
+            # process CPU time (all threads): less load-sensitive; sys time and page faults show fresh memory
+            'cpu_s_per_step': common.median([c['user'] + c['sys'] for c in cpu_times]),
+            'sys_s_per_step': common.median([c['sys'] for c in cpu_times]),
+            'page_faults_per_step': common.median([c['faults'] for c in cpu_times]),
             'target_tokens_per_s': rows * target_len / t, 'all_tokens_per_s': rows * (source_len + target_len) / t,
             'train_gflops_per_step': flops / 1e9, 'gflops_per_s': flops / t / 1e9}
   record.update(extra or {})
@@ -244,7 +255,7 @@ def run_comparison(args):
   if 'torch' in impls:
     import torch  # pylint: disable=import-outside-toplevel
     info.update(torch=torch.__version__, torch_threads=args.threads)
-  common.emit({'bench': 'train_throughput', 'machine': info, 'override': args.override})
+  common.emit({'bench': 'train_throughput', 'machine': info, 'override': args.override, 'malloc': args.malloc})
   table = []
   for config_name in [c for c in args.configs.split(',') if c]:
     cfg, rows, source_len, target_len = model_dims(config_name, args)
@@ -293,7 +304,8 @@ def run_gpu_paper_batch(args):
   device = jax.devices()[0]
   info = common.machine()
   info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__)
-  common.emit({'bench': 'train_throughput', 'mode': 'gpu_paper_batch', 'machine': info, 'override': args.override})
+  common.emit({'bench': 'train_throughput', 'mode': 'gpu_paper_batch', 'machine': info, 'override': args.override,
+               'malloc': args.malloc})
   ours = Ours(cfg, random_batch(rows, source_len, target_len, cfg.vocab_size))
   times, cpu_times = measure([ours], args.rounds, args.steps, args.warmup)
   peak = metrics.peak_flops_per_device(device)
@@ -323,6 +335,10 @@ def main(argv=None):
   p.add_argument('--target_len', type=int, default=0)
   p.add_argument('--override', default='', help="our ModelConfig changes, e.g. 'attention=dot_product'")
   p.add_argument('--xla_flags', default=None, help='XLA_FLAGS for this run (set before JAX starts)')
+  p.add_argument('--malloc', choices=('system', 'reuse'), default='reuse',
+                 help="'reuse' (what train.py does by default, config.train.reuse_host_memory): glibc keeps freed "
+                      "memory (transformer_jax/host_memory.py), for ours and torch alike; 'system': glibc's "
+                      "defaults")
   p.add_argument('--gpu_paper_batch', action='store_true',
                  help='base model, bfloat16, paper batch, ours only: step time and MFU (for a GPU)')
   p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
@@ -330,6 +346,8 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.xla_flags is not None:
     os.environ['XLA_FLAGS'] = args.xla_flags
+  if args.malloc == 'reuse' and not host_memory.reuse_freed_memory():
+    raise SystemExit('--malloc=reuse needs glibc (mallopt)')
   if args.gpu_paper_batch:
     run_gpu_paper_batch(args)
   else:

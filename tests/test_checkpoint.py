@@ -184,6 +184,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   finally:
     process.kill()
   assert process.returncode == 0, rest[-3000:]
+  assert any('host memory: freed memory kept for reuse' in line for line in output.lines)  # train.py's default
   saved = helpers.checkpoint_steps(workdir)
   assert len(saved) == 1 and saved[0] >= 1
   stop_step = saved[0]
