@@ -85,8 +85,8 @@ def random_batch(rows, source_len, target_len, vocab, seed=0):
 # ------------------------------------------------------------------------------------------------ ours (JAX)
 
 class Ours:
-  """Our train step. autodiff=True: the model's hand-written backward passes (`model.tied_logits`,
-  `model.contract`) replaced by plain autodiff while tracing — the step as it was before those changes."""
+  """Our train step. autodiff=True: the hand-written backward passes (`model.tied_logits`, `model.contract`,
+  `metrics._cross_entropy`) replaced by plain autodiff while tracing — the step as it was before them."""
 
   def __init__(self, cfg, host_batch, seed=0, autodiff=False):
     self.name = 'ours_autodiff' if autodiff else 'ours'
@@ -129,18 +129,33 @@ class Ours:
             'output_bytes': m.output_size_in_bytes, 'alias_bytes': m.alias_size_in_bytes}
 
 
+def _plain_cross_entropy(logits, targets, smoothing):
+  """metrics._cross_entropy's outputs written with log_softmax and argmax, for autodiff to differentiate."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  vocab = logits.shape[-1]
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  gold, other = 1.0 - smoothing, smoothing / (vocab - 1)
+  entropy = -(gold * math.log(gold) + (vocab - 1) * other * math.log(other))
+  return gold * nll - other * (jnp.sum(log_probs, axis=-1) + nll) - entropy, nll, correct
+
+
 @contextlib.contextmanager
 def _plain_autodiff(enabled: bool):
+  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
   from transformer_jax import model as model_lib  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  saved = model_lib.tied_logits, model_lib.contract
+  saved = model_lib.tied_logits, model_lib.contract, metrics._cross_entropy  # pylint: disable=protected-access
   if enabled:
     model_lib.tied_logits = lambda y, embedding: jnp.dot(y, embedding.T)
     model_lib.contract = lambda x, kernel, num_in: jnp.tensordot(x, kernel, axes=num_in)
+    metrics._cross_entropy = _plain_cross_entropy  # pylint: disable=protected-access
   try:
     yield
   finally:
-    model_lib.tied_logits, model_lib.contract = saved
+    model_lib.tied_logits, model_lib.contract, metrics._cross_entropy = saved  # pylint: disable=protected-access
 
 
 class _Both:

@@ -1,7 +1,10 @@
 """Training losses and token metrics, and the analytic FLOP count behind MFU."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.model_config import ModelConfig
 
@@ -21,22 +24,66 @@ def label_smoothed_loss(logits, targets, smoothing: float):
   The constant entropy of the smoothed target is subtracted, so a perfect model scores 0 as with ε=0.
   Returns (smoothed loss, unsmoothed negative log-likelihood), both [batch, length].
   """
+  loss, nll, _ = _cross_entropy(logits.astype(jnp.float32), targets, smoothing)
+  return loss, nll
+
+
+def _smoothing_weights(vocab: int, smoothing: float):
+  """(gold, other): the smoothed target's probability of the gold token and of each other token."""
+  return 1.0 - smoothing, smoothing / (vocab - 1)
+
+
+def _cross_entropy_and_lse(logits, targets, smoothing):
+  """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from float32 logits [..., vocab]."""
   vocab = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  top = jnp.max(logits, axis=-1)
+  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = lse - gold_logit
+  correct = (gold_logit >= top).astype(jnp.float32)  # = argmax == target, up to exact ties
   if smoothing == 0.0:
-    return nll, nll
-  confidence, low = 1.0 - smoothing, smoothing / (vocab - 1)
-  smoothed = confidence * nll - low * (jnp.sum(log_probs, axis=-1) + nll)
-  normalizer = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low))
-  return smoothed - normalizer, nll
+    return (nll, nll, correct), lse
+  gold, other = _smoothing_weights(vocab, smoothing)
+  sum_log_probs = jnp.sum(logits, axis=-1) - vocab * lse
+  entropy = -(gold * jnp.log(gold) + (vocab - 1) * other * jnp.log(other))
+  return (gold * nll - other * (sum_log_probs + nll) - entropy, nll, correct), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _cross_entropy(logits, targets, smoothing):
+  """(smoothed loss, nll, gold logit is a maximum) per token, differentiable in the logits.
+
+  Reads the logits a few times without materialising log-probabilities or a one-hot target, and the
+  backward pass is one elementwise pass over them; autodiff of the same formula materialises several
+  [tokens, vocab] arrays (see bench/RESULTS.md).
+  """
+  return _cross_entropy_and_lse(logits, targets, smoothing)[0]
+
+
+def _cross_entropy_fwd(logits, targets, smoothing):
+  outputs, lse = _cross_entropy_and_lse(logits, targets, smoothing)
+  return outputs, (logits, targets, lse)
+
+
+def _cross_entropy_bwd(smoothing, residuals, cotangents):
+  """d loss/d logits = softmax - q (q the smoothed target, summing to 1); d nll/d logits = softmax - one-hot."""
+  logits, targets, lse = residuals
+  d_loss, d_nll, _ = cotangents  # `correct` is piecewise constant
+  gold, other = _smoothing_weights(logits.shape[-1], smoothing) if smoothing else (1.0, 0.0)
+  is_gold = jnp.arange(logits.shape[-1]) == targets[..., None]
+  probs = jnp.exp(logits - lse[..., None])
+  target_mass = d_loss[..., None] * jnp.where(is_gold, gold, other) + d_nll[..., None] * is_gold
+  d_logits = (d_loss + d_nll)[..., None] * probs - target_mass
+  return d_logits, np.zeros(targets.shape, jax.dtypes.float0)
+
+
+_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
 def token_metrics(logits, targets, smoothing: float) -> dict:
   """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens')."""
   weights = (targets > 0).astype(jnp.float32)
-  loss, nll = label_smoothed_loss(logits, targets, smoothing)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  loss, nll, correct = _cross_entropy(logits.astype(jnp.float32), targets, smoothing)
   return {'loss': jnp.sum(loss * weights), 'nll': jnp.sum(nll * weights), 'correct': jnp.sum(correct * weights),
           'tokens': jnp.sum(weights)}
 
