@@ -1,6 +1,6 @@
 """Training throughput of our jitted train step against eager `torch.nn.Transformer`, same dimensions.
 
-Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 64 rows × 64 tokens) and
+Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 32 rows × 64 tokens) and
 `base` (6+6 layers, d_model 512, d_ff 2048, 8 heads, vocab 32000, 32 rows × 64 source and 64 target tokens),
 both float32, Adam(0.9, 0.98, 1e-9), dropout 0.1, label smoothing 0.1, a fixed random batch without padding.
 
