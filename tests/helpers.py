@@ -5,6 +5,7 @@ one encoder and one decoder layer of width 16, a vocabulary of 200 pieces, and a
 built-in corpus of a few thousand pairs.
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -15,6 +16,7 @@ import sys
 import jax
 import ml_collections
 import numpy as np
+from absl import flags
 
 from transformer_jax import config_cli, optim, sharding, steps, trainer
 from transformer_jax.model import Transformer
@@ -185,3 +187,21 @@ def jitted_train_step(config, model, tx, schedule, state_shardings, mesh):
       functools.partial(steps.train_step, model=model, tx=tx, schedule=schedule,
                         smoothing=config.train.label_smoothing, grad_accum_steps=config.train.grad_accum_steps),
       in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None))
+
+
+@contextlib.contextmanager
+def absl_flags_parsed(parsed: bool):
+  """grain's worker processes read absl flags, which an absl app would have parsed."""
+  was_parsed = flags.FLAGS.is_parsed()
+  _set_absl_flags_parsed(parsed)
+  try:
+    yield
+  finally:
+    _set_absl_flags_parsed(was_parsed)
+
+
+def _set_absl_flags_parsed(parsed: bool):
+  if parsed:
+    flags.FLAGS.mark_as_parsed()
+  else:
+    flags.FLAGS.unparse_flags()

@@ -4,16 +4,15 @@ resume exactly (also across epochs and through grain's orbax checkpoint handler)
 filter is counted, and eval batches cover every example once, in order."""
 
 import collections
-import contextlib
 import json
 import logging
 
 import grain
 import numpy as np
 import pytest
-from absl import flags
 from etils import epath
 
+import helpers
 from transformer_jax.data import pipeline as pl
 from transformer_jax.data import tokenizer as tk
 from transformer_jax.tokens import EOS_ID, PAD_ID
@@ -195,26 +194,8 @@ def test_grain_checkpoint_handler_round_trip(tokenizer, tmp_path):
   _assert_same_batches(expected, [next(restored) for _ in range(5)])
 
 
-def _set_absl_flags_parsed(parsed):
-  if parsed:
-    flags.FLAGS.mark_as_parsed()
-  else:
-    flags.FLAGS.unparse_flags()
-
-
-@contextlib.contextmanager
-def _absl_flags_parsed(parsed):
-  """grain's worker processes read absl flags, which an absl app would have parsed."""
-  was_parsed = flags.FLAGS.is_parsed()
-  _set_absl_flags_parsed(parsed)
-  try:
-    yield
-  finally:
-    _set_absl_flags_parsed(was_parsed)
-
-
 def test_worker_processes_resume_exactly(tokenizer):
-  with _absl_flags_parsed(True):
+  with helpers.absl_flags_parsed(True):
     dataset = pl.make_train_dataset(PAIRS, tokenizer, _config('token_budget', num_workers=2))
     iterator = iter(dataset)
     for _ in range(20):
@@ -230,7 +211,7 @@ def test_worker_processes_resume_exactly(tokenizer):
 
 
 def test_workers_need_parsed_flags(tokenizer):
-  with _absl_flags_parsed(False), pytest.raises(ValueError, match='mark_as_parsed'):
+  with helpers.absl_flags_parsed(False), pytest.raises(ValueError, match='mark_as_parsed'):
     pl.make_train_dataset(PAIRS, tokenizer, _config('packed', num_workers=2))
 
 

@@ -233,6 +233,7 @@ def test_logs_hold_the_training_metrics(good_run):
     assert all(np.isfinite(r[key]) for r in train), key
   assert all(r['tokens_per_second'] > 0 and r['step_seconds'] > 0 and r['gflops_per_second_per_device'] > 0
              and r['grad_norm'] > 0 for r in train)
+  assert all(isinstance(r['dropped_examples'], int) and r['dropped_examples'] >= 0 for r in train)
   # The paper's schedule as logged: scale · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5) at step s.
   scale = helpers.tiny_config().train.learning_rate_scale  # 2 in configs/default.py; d_model 16, warmup 4
   for r in train:
@@ -249,6 +250,17 @@ def test_logs_hold_the_training_metrics(good_run):
           'train/gflops_per_second_per_device', 'compile/seconds', 'eval/loss'} <= tags
   tb_loss = {step: value for tag, step, value in events if tag == 'train/loss'}
   assert tb_loss == pytest.approx({r['step']: r['loss'] for r in train}, rel=1e-6)
+
+
+def test_with_worker_processes_no_drop_count_is_claimed(tmp_path):
+  # The workers filter (and log) on their own copies of the counts; the trainer's copy would read 0.
+  workdir = str(tmp_path / 'workers')
+  config = helpers.tiny_config(train__num_steps=2, pipeline__num_workers=1)
+  with helpers.absl_flags_parsed(True):
+    result = trainer.train_and_evaluate(config, workdir)
+  train = helpers.read_metrics(workdir)
+  assert result['metrics']['step'] == 2 and [r['step'] for r in train] == [1, 2]
+  assert all(np.isfinite(r['loss']) and 'dropped_examples' not in r for r in train)
 
 
 def _copy_run(good_run, tmp_path):

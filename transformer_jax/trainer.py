@@ -183,7 +183,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, cleanup: contextlib.
   train_pairs = sources.load_split(config.data, 'train')
   valid_pairs = sources.load_split(config.data, config.eval.split)
   tok = load_tokenizer_for_training(config, workdir, train_pairs)
-  filter_stats = pipeline.FilterStats()
+  # With worker processes the filter counts live (and are logged) in the workers: no metric claims them here.
+  filter_stats = None if config.pipeline.num_workers else pipeline.FilterStats()
   train_ds = pipeline.make_train_dataset(train_pairs, tok, config.pipeline, process_index=jax.process_index(),
                                          process_count=jax.process_count(), filter_stats=filter_stats)
   train_iter = iter(train_ds)
@@ -298,8 +299,9 @@ def _log_train(writer, step, pending, window, train_cfg, peak, start_time, start
       'step_seconds': elapsed / max(window.steps, 1),
       'tokens_per_second': window.tokens / elapsed,
       'gflops_per_second_per_device': window.flops / elapsed / devices / 1e9,
-      'dropped_examples': filter_stats.dropped,
   })
+  if filter_stats is not None:
+    out['dropped_examples'] = filter_stats.dropped
   if peak:
     out['mfu'] = window.flops / elapsed / devices / peak
   writer.write(step, 'train', out)

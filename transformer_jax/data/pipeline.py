@@ -71,7 +71,8 @@ class FilterStats:
   Counted each time an example is encoded (thread-safe), by every iterator of the dataset,
   prefetched and restored examples included; not part of the iterator state. One absl log line
   per epoch's worth of examined examples. With pipeline.num_workers > 0 the counting happens in
-  the worker processes: only their log lines report it, this object stays at 0.
+  the worker processes, on their copies: only their log lines report it (the trainer then logs no
+  `dropped_examples` metric rather than this object's 0).
   """
 
   def __init__(self):
