@@ -2,9 +2,9 @@
 
 With glibc's defaults a block over 32 MiB is mmap'ed on malloc and unmapped on free (and a thread's non-main
 arena maps any block too big for its heap), so a buffer allocated anew every step — XLA:CPU's temp buffer of
-a whole jitted train step (2.85 GB for the base model at 32×64 tokens) — is fresh memory every step: one page
-fault per 4 KiB page plus the kernel zeroing it, ~700k faults and 4 s of system time per base-model step on a
-2-core CPU (28% of the step's CPU time). One arena, no mmap and no trimming make the second and later steps
+a whole jitted train step (2.3 GB for the base model at 32×64 tokens) — is fresh memory every step: one page
+fault per 4 KiB page plus the kernel zeroing it, ~580k faults and 3.2 s of system time per base-model step on a
+2-core CPU (a quarter of the step's CPU time). One arena, no mmap and no trimming make the second and later steps
 reuse the heap; the process then keeps its peak heap size. See bench/RESULTS.md.
 """
 
