@@ -69,7 +69,7 @@ def _cross_entropy_bwd(smoothing, residuals, cotangents):
   """d loss/d logits = softmax - q (q the smoothed target, summing to 1); d nll/d logits = softmax - one-hot."""
   logits, targets, lse = residuals
   d_loss, d_nll, _ = cotangents  # `correct` is piecewise constant
-  gold, other = _smoothing_weights(logits.shape[-1], smoothing) if smoothing else (1.0, 0.0)
+  gold, other = _smoothing_weights(logits.shape[-1], smoothing)  # (1, 0) without smoothing
   is_gold = jnp.arange(logits.shape[-1]) == targets[..., None]
   probs = jnp.exp(logits - lse[..., None])
   target_mass = d_loss[..., None] * jnp.where(is_gold, gold, other) + d_nll[..., None] * is_gold
