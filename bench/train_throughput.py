@@ -26,7 +26,6 @@ Example (repository root): python -m bench.train_throughput --configs=default,ba
 """
 
 import argparse
-import contextlib
 import functools
 import math
 import os
@@ -34,7 +33,7 @@ import resource
 import time
 
 from bench import common
-from transformer_jax import host_memory
+from transformer_jax import cpu_backend
 
 CONFIGS = ('default', 'base')
 
@@ -85,11 +84,12 @@ def random_batch(rows, source_len, target_len, vocab, seed=0):
 # ------------------------------------------------------------------------------------------------ ours (JAX)
 
 class Ours:
-  """Our train step. autodiff=True: the hand-written backward passes (`model.tied_logits`, `model.contract`,
-  `metrics._cross_entropy`) replaced by plain autodiff while tracing — the step as it was before them."""
+  """Our train step. stock=True: `model.cpu_kernels='off'`, the stock pieces without the CPU backward passes of
+  `cpu_backend` (what runs on a GPU or TPU)."""
 
-  def __init__(self, cfg, host_batch, seed=0, autodiff=False):
-    self.name = 'ours_autodiff' if autodiff else 'ours'
+  def __init__(self, cfg, host_batch, seed=0, stock=False):
+    self.name = 'ours_stock' if stock else 'ours'
+    cfg = cfg.replace(cpu_kernels='off') if stock else cfg
     import flax.linen as nn  # pylint: disable=import-outside-toplevel
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config_defaults, optim, sharding, steps  # pylint: disable=import-outside-toplevel
@@ -112,7 +112,7 @@ class Ours:
                      out_shardings=(shardings, None), donate_argnums=0)
     self._context = lambda: _Both(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
     start = time.perf_counter()
-    with self._context(), _plain_autodiff(autodiff):
+    with self._context():
       self.compiled = jitted.lower(self.state, self.batch).compile()
     self.compile_s = time.perf_counter() - start
     self._jax = jax
@@ -127,35 +127,6 @@ class Ours:
     m = self.compiled.memory_analysis()
     return {'temp_bytes': m.temp_size_in_bytes, 'argument_bytes': m.argument_size_in_bytes,
             'output_bytes': m.output_size_in_bytes, 'alias_bytes': m.alias_size_in_bytes}
-
-
-def _plain_cross_entropy(logits, targets, smoothing):
-  """metrics._cross_entropy's outputs written with log_softmax and argmax, for autodiff to differentiate."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  vocab = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  gold, other = 1.0 - smoothing, smoothing / (vocab - 1)
-  entropy = -(gold * math.log(gold) + (vocab - 1) * other * math.log(other))
-  return gold * nll - other * (jnp.sum(log_probs, axis=-1) + nll) - entropy, nll, correct
-
-
-@contextlib.contextmanager
-def _plain_autodiff(enabled: bool):
-  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
-  from transformer_jax import model as model_lib  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  saved = model_lib.tied_logits, model_lib.contract, metrics._cross_entropy  # pylint: disable=protected-access
-  if enabled:
-    model_lib.tied_logits = lambda y, embedding: jnp.dot(y, embedding.T)
-    model_lib.contract = lambda x, kernel, num_in: jnp.tensordot(x, kernel, axes=num_in)
-    metrics._cross_entropy = _plain_cross_entropy  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    model_lib.tied_logits, model_lib.contract, metrics._cross_entropy = saved  # pylint: disable=protected-access
 
 
 class _Both:
@@ -278,8 +249,8 @@ def run_comparison(args):
     runners = []
     if 'ours' in impls:
       runners.append(Ours(cfg, host_batch))
-    if 'ours_autodiff' in impls:
-      runners.append(Ours(cfg, host_batch, autodiff=True))
+    if 'ours_stock' in impls:
+      runners.append(Ours(cfg, host_batch, stock=True))
     if 'torch' in impls:
       runners.append(Torch(cfg, host_batch, args.threads))
     times, cpu_times = measure(runners, args.rounds, args.steps, args.warmup)
@@ -340,7 +311,7 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--configs', default='default,base', help=f'comma-separated, from {CONFIGS}')
   p.add_argument('--impls', default='ours,torch',
-                 help="comma-separated: 'ours', 'torch', 'ours_autodiff' (ours with plain-autodiff backward passes)")
+                 help="comma-separated: 'ours', 'torch', 'ours_stock' (ours with model.cpu_kernels=off)")
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--steps', type=int, default=3, help='timed steps per implementation per round')
   p.add_argument('--warmup', type=int, default=2, help='untimed steps per implementation after compiling')
@@ -351,9 +322,8 @@ def main(argv=None):
   p.add_argument('--override', default='', help="our ModelConfig changes, e.g. 'attention=dot_product'")
   p.add_argument('--xla_flags', default=None, help='XLA_FLAGS for this run (set before JAX starts)')
   p.add_argument('--malloc', choices=('system', 'reuse'), default='reuse',
-                 help="'reuse' (what train.py does by default, config.train.reuse_host_memory): glibc keeps freed "
-                      "memory (transformer_jax/host_memory.py), for ours and torch alike; 'system': glibc's "
-                      "defaults")
+                 help="'reuse' (what train.py --host_memory=auto does on a CPU): glibc keeps freed memory "
+                      "(cpu_backend.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults")
   p.add_argument('--gpu_paper_batch', action='store_true',
                  help='base model, bfloat16, paper batch, ours only: step time and MFU (for a GPU)')
   p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
@@ -361,7 +331,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.xla_flags is not None:
     os.environ['XLA_FLAGS'] = args.xla_flags
-  if args.malloc == 'reuse' and not host_memory.reuse_freed_memory():
+  if args.malloc == 'reuse' and not cpu_backend.reuse_host_memory():
     raise SystemExit('--malloc=reuse needs glibc (mallopt)')
   if args.gpu_paper_batch:
     run_gpu_paper_batch(args)

@@ -249,23 +249,3 @@ def test_table3_param_counts():
   enc = 4 * d * d + 2 * d * f + f + d + 2 * 2 * d
   dec = 8 * d * d + 2 * d * f + f + d + 3 * 2 * d
   assert round(by_name['base'][0] * 1e6) == v * d + 6 * enc + 6 * dec
-
-
-def test_hand_written_backward_passes_equal_autodiff():
-  """`contract` and `tied_logits` only change how XLA lays out the backward pass, not its values."""
-  from transformer_jax.model import contract, tied_logits
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(3, 5, 4, 6)), jnp.float32)
-  kernel = jnp.asarray(rng.normal(size=(4, 6, 7)), jnp.float32)
-  upstream = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.float32)
-  ours = jax.grad(lambda a, w: jnp.sum(contract(a, w, 2) * upstream), argnums=(0, 1))(x, kernel)
-  plain = jax.grad(lambda a, w: jnp.sum(jnp.tensordot(a, w, axes=2) * upstream), argnums=(0, 1))(x, kernel)
-  for a, b in zip(ours, plain):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-  y = jnp.asarray(rng.normal(size=(3, 5, 6)), jnp.float32)
-  embedding = jnp.asarray(rng.normal(size=(11, 6)), jnp.float32)
-  up = jnp.asarray(rng.normal(size=(3, 5, 11)), jnp.float32)
-  ours = jax.grad(lambda a, e: jnp.sum(tied_logits(a, e) * up), argnums=(0, 1))(y, embedding)
-  plain = jax.grad(lambda a, e: jnp.sum(jnp.einsum('bld,vd->blv', a, e) * up), argnums=(0, 1))(y, embedding)
-  for a, b in zip(ours, plain):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -57,7 +57,6 @@ def base_config() -> ml_collections.ConfigDict:
       'checkpoint_every': 1000,
       'keep_checkpoints': 5,  # at least the number averaged at the end (eval.average_last)
       'async_checkpoints': True,
-      'reuse_host_memory': True,  # train.py: glibc keeps freed memory for the next step (host_memory.py)
   })
   config.eval = ml_collections.ConfigDict({
       'split': 'validation',  # teacher-forced loss during training

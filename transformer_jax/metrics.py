@@ -1,11 +1,11 @@
 """Training losses and token metrics, and the analytic FLOP count behind MFU."""
 
-import functools
+import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from transformer_jax import cpu_backend
 from transformer_jax.model_config import ModelConfig
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' data sheets.
@@ -18,72 +18,40 @@ PEAK_BF16_FLOPS = {
 SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')  # what `token_metrics` returns
 
 
-def label_smoothed_loss(logits, targets, smoothing: float):
-  """Per-token cross-entropy against (1-ε) on the gold token and ε/(V-1) elsewhere (§5.4).
+def cross_entropy(logits, targets, smoothing: float):
+  """Per token: (label-smoothed loss, negative log-likelihood, whether the gold token is the argmax).
 
-  The constant entropy of the smoothed target is subtracted, so a perfect model scores 0 as with ε=0.
-  Returns (smoothed loss, unsmoothed negative log-likelihood), both [batch, length].
+  The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
+  subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy, the
+  number comparable with other toolkits' losses and perplexities.
   """
-  loss, nll, _ = _cross_entropy(logits.astype(jnp.float32), targets, smoothing)
+  vocab = logits.shape[-1]
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  gold_log_prob = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  nll = -gold_log_prob
+  correct = (jnp.argmax(log_probs, axis=-1) == targets).astype(jnp.float32)
+  if smoothing == 0.0:
+    return nll, nll, correct
+  gold, other = 1.0 - smoothing, smoothing / (vocab - 1)
+  cross = -(gold * gold_log_prob + other * (jnp.sum(log_probs, axis=-1) - gold_log_prob))
+  entropy = -(gold * math.log(gold) + (vocab - 1) * other * math.log(other))
+  return cross - entropy, nll, correct
+
+
+def label_smoothed_loss(logits, targets, smoothing: float):
+  """(label-smoothed loss, nll) per token, both [batch, length]; see `cross_entropy`."""
+  loss, nll, _ = cross_entropy(logits, targets, smoothing)
   return loss, nll
 
 
-def _smoothing_weights(vocab: int, smoothing: float):
-  """(gold, other): the smoothed target's probability of the gold token and of each other token."""
-  return 1.0 - smoothing, smoothing / (vocab - 1)
+def token_metrics(logits, targets, smoothing: float, *, cpu_kernels: bool = False) -> dict:
+  """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens').
 
-
-def _cross_entropy_and_lse(logits, targets, smoothing):
-  """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from float32 logits [..., vocab]."""
-  vocab = logits.shape[-1]
-  top = jnp.max(logits, axis=-1)
-  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
-  gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  nll = lse - gold_logit
-  correct = (gold_logit >= top).astype(jnp.float32)  # = argmax == target, up to exact ties
-  if smoothing == 0.0:
-    return (nll, nll, correct), lse
-  gold, other = _smoothing_weights(vocab, smoothing)
-  sum_log_probs = jnp.sum(logits, axis=-1) - vocab * lse
-  entropy = -(gold * jnp.log(gold) + (vocab - 1) * other * jnp.log(other))
-  return (gold * nll - other * (sum_log_probs + nll) - entropy, nll, correct), lse
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _cross_entropy(logits, targets, smoothing):
-  """(smoothed loss, nll, gold logit is a maximum) per token, differentiable in the logits.
-
-  Reads the logits a few times without materialising log-probabilities or a one-hot target, and the
-  backward pass is one elementwise pass over them; autodiff of the same formula materialises several
-  [tokens, vocab] arrays (see bench/RESULTS.md).
+  cpu_kernels: the same values through `cpu_backend.cross_entropy`'s one-pass backward.
   """
-  return _cross_entropy_and_lse(logits, targets, smoothing)[0]
-
-
-def _cross_entropy_fwd(logits, targets, smoothing):
-  outputs, lse = _cross_entropy_and_lse(logits, targets, smoothing)
-  return outputs, (logits, targets, lse)
-
-
-def _cross_entropy_bwd(smoothing, residuals, cotangents):
-  """d loss/d logits = softmax - q (q the smoothed target, summing to 1); d nll/d logits = softmax - one-hot."""
-  logits, targets, lse = residuals
-  d_loss, d_nll, _ = cotangents  # `correct` is piecewise constant
-  gold, other = _smoothing_weights(logits.shape[-1], smoothing)  # (1, 0) without smoothing
-  is_gold = jnp.arange(logits.shape[-1]) == targets[..., None]
-  probs = jnp.exp(logits - lse[..., None])
-  target_mass = d_loss[..., None] * jnp.where(is_gold, gold, other) + d_nll[..., None] * is_gold
-  d_logits = (d_loss + d_nll)[..., None] * probs - target_mass
-  return d_logits, np.zeros(targets.shape, jax.dtypes.float0)
-
-
-_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
-
-
-def token_metrics(logits, targets, smoothing: float) -> dict:
-  """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens')."""
   weights = (targets > 0).astype(jnp.float32)
-  loss, nll, correct = _cross_entropy(logits.astype(jnp.float32), targets, smoothing)
+  loss_fn = cpu_backend.cross_entropy if cpu_kernels else cross_entropy
+  loss, nll, correct = loss_fn(logits.astype(jnp.float32), targets, smoothing)
   return {'loss': jnp.sum(loss * weights), 'nll': jnp.sum(nll * weights), 'correct': jnp.sum(correct * weights),
           'tokens': jnp.sum(weights)}
 

@@ -10,15 +10,14 @@ LayerNorm scales 1. Every parameter and key activation carries logical axis name
 (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`) that `sharding.py` maps to mesh axes.
 """
 
-import functools
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
 from transformer_jax import attention
+from transformer_jax import cpu_backend
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
 
@@ -81,104 +80,29 @@ class Embedder(nn.Module):
     return _constrain(x, ('batch', 'length', 'embed'))
 
 
-@jax.custom_vjp
-def tied_logits(y: jax.Array, embedding: jax.Array) -> jax.Array:
-  """The pre-softmax layer sharing the embedding matrix: y · Eᵀ, [..., d] × [vocab, d] -> [..., vocab].
-
-  Same values as `nn.Embed.attend`; only the backward pass is written out. Autodiff would compute dE as
-  gᵀ · y, and XLA:CPU then materialises the [vocab, tokens] transpose of the logits cotangent (fused with
-  the softmax backward, so it is recomputed in a cache-hostile order: ~20% of a base-model training step on
-  a CPU). Here dE = (yᵀ · g)ᵀ: only the small [tokens, d] activations and the [d, vocab] result are
-  transposed. See bench/RESULTS.md.
-  """
-  return jnp.dot(y, embedding.T)
-
-
-def _tied_logits_fwd(y, embedding):
-  return tied_logits(y, embedding), (y, embedding)
-
-
-def _tied_logits_bwd(residuals, g):
-  y, embedding = residuals
-  lead = ''.join(chr(ord('a') + i) for i in range(y.ndim - 1))
-  d_embedding_t = jnp.einsum(f'{lead}x,{lead}v->xv', y, g)  # [d, vocab]
-  return jnp.dot(g, embedding), d_embedding_t.T
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
-
-
 def make_embedding(config: ModelConfig) -> nn.Embed:
   return nn.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
                   param_dtype=config.weight_dtype,
                   embedding_init=_param(nn.initializers.normal(config.d_model ** -0.5), ('vocab', 'embed')))
 
 
-_CONTRACTION = 'contraction'  # checkpoint name of `contract`'s output, saved by the dot remat policies
+class _KernelPartitioned(nn.LogicallyPartitioned):
+  """A kernel's logical names, not applied to the flat [fan_in, fan_out] matrix `nn.DenseGeneral` initialises
+  and then reshapes: the names fit only the final shape (flax would constrain the flat one under a mesh)."""
+
+  def unbox(self, apply_constraint=True):
+    return super().unbox(apply_constraint and jnp.ndim(self.value) == len(self.names))
 
 
-def contract(x: jax.Array, kernel: jax.Array, num_in: int) -> jax.Array:
-  """x · W over x's last `num_in` axes (= jnp.tensordot(x, kernel, num_in)), with the backward pass written
-  out as dx = g · Wᵀ and dW = xᵀ · g.
-
-  Same values as autodiff; the point is the layout XLA:CPU picks. Autodiff's form makes it materialise the
-  cotangent g transposed, fused with the dropout backward before it (re-reading the dropout bits in a
-  transposed, cache-hostile order: ~30 ms per layer and direction in the base model); this form transposes
-  only the saved input x. See bench/RESULTS.md.
-  """
-  return checkpoint_name(_contract(x, kernel, num_in), _CONTRACTION)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _contract(x, kernel, num_in):
-  return jnp.tensordot(x, kernel, axes=num_in)
-
-
-def _contract_fwd(x, kernel, num_in):
-  return _contract(x, kernel, num_in), (x, kernel)
-
-
-def _contract_bwd(num_in, residuals, g):
-  x, kernel = residuals
-  num_batch = x.ndim - num_in
-  dx = jnp.tensordot(g, kernel, axes=(tuple(range(num_batch, g.ndim)), tuple(range(num_in, kernel.ndim))))
-  d_kernel = jnp.tensordot(x, g, axes=(tuple(range(num_batch)), tuple(range(num_batch))))
-  return dx, d_kernel
-
-
-_contract.defvjp(_contract_fwd, _contract_bwd)
-
-
-def _dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
-  """nn.Dense's `dot_general` (x's last axis against the kernel's first) through `contract`."""
-  (lhs_contract, rhs_contract), (lhs_batch, _) = dimension_numbers
-  if (tuple(lhs_contract) != (x.ndim - 1,) or tuple(rhs_contract) != (0,) or lhs_batch or precision is not None
-      or preferred_element_type is not None):
-    return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
-  return contract(x, kernel, 1)
-
-
-class Projection(nn.Module):
-  """x · W contracting x's last `num_in` axes into `features`; W is Xavier-uniform over its matrix view.
-
-  (Like nn.DenseGeneral without a bias, but the kernel is initialised in its true multi-axis shape, so its
-  logical axis names always match its rank.)
-  """
-
-  config: ModelConfig
-  features: tuple[int, ...]
-  names: tuple[str, ...]
-  num_in: int = 1
-
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    shape = tuple(x.shape[x.ndim - self.num_in:]) + tuple(self.features)
-    init = nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform', in_axis=tuple(range(self.num_in)),
-                                            out_axis=tuple(range(self.num_in, len(shape))))
-    kernel = self.param('kernel', _param(init, self.names), shape, cfg.weight_dtype)
-    return contract(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), self.num_in)
+def dense(config: ModelConfig, features, names: tuple[str, ...], *, axis=-1, use_bias=False, name=None):
+  """`nn.DenseGeneral` with a Xavier-uniform kernel over its [fan_in, fan_out] matrix view and logical names;
+  on a CPU its backward pass is `cpu_backend.dot_general`'s."""
+  kernel_init = lambda *args: _KernelPartitioned(_xavier(*args), names)
+  bias_names = names[-(len(features) if isinstance(features, tuple) else 1):]
+  return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=config.compute_dtype,
+                         param_dtype=config.weight_dtype, kernel_init=kernel_init,
+                         bias_init=_param(nn.initializers.zeros, bias_names),
+                         dot_general=cpu_backend.dot_general if config.use_cpu_kernels else None, name=name)
 
 
 class MultiHeadAttention(nn.Module):
@@ -198,9 +122,9 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     heads_k, heads_v = (cfg.num_heads, cfg.head_dim_k), (cfg.num_heads, cfg.head_dim_v)
     in_names = ('embed', 'heads', 'kv')
-    query_proj = Projection(cfg, heads_k, in_names, name='query')
-    key_proj = Projection(cfg, heads_k, in_names, name='key')
-    value_proj = Projection(cfg, heads_v, in_names, name='value')
+    query_proj = dense(cfg, heads_k, in_names, name='query')
+    key_proj = dense(cfg, heads_k, in_names, name='key')
+    value_proj = dense(cfg, heads_v, in_names, name='value')
     qkv_names = ('batch', 'length', 'heads', 'kv')
 
     q = _constrain(query_proj(x_q), qkv_names)
@@ -223,7 +147,7 @@ class MultiHeadAttention(nn.Module):
       out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
                              dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
     out = _constrain(out, qkv_names)
-    return Projection(cfg, (cfg.d_model,), ('heads', 'kv', 'embed'), num_in=2, name='out')(out)
+    return dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), name='out')(out)
 
   def _append_to_cache(self, k, v, spec, decode_index):
     """Writes this step's key/value at decode_index; the query then sees cache positions <= decode_index."""
@@ -249,14 +173,10 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                              dot_general=_dense_dot_general)
-    h = dense(cfg.d_ff, kernel_init=_param(_xavier, ('embed', 'mlp')),
-              bias_init=_param(nn.initializers.zeros, ('mlp',)), name='wi')(x)
+    h = dense(cfg, cfg.d_ff, ('embed', 'mlp'), use_bias=True, name='wi')(x)
     h = _constrain(nn.relu(h), ('batch', 'length', 'mlp'))
     h = nn.Dropout(cfg.relu_dropout)(h, deterministic=self.deterministic)
-    return dense(cfg.d_model, kernel_init=_param(_xavier, ('mlp', 'embed')),
-                 bias_init=_param(nn.initializers.zeros, ('embed',)), name='wo')(h)
+    return dense(cfg, cfg.d_model, ('mlp', 'embed'), use_bias=True, name='wo')(h)
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
@@ -314,10 +234,7 @@ def _maybe_remat(layer_cls, config: ModelConfig, decode=False):
   if config.remat == 'none' or decode:
     return layer_cls
   policy = _REMAT_POLICIES[config.remat]
-  if policy is not None:  # the dot policies do not see the dot inside `contract`: save it by name
-    policy = jax.checkpoint_policies.save_from_both_policies(
-        policy, jax.checkpoint_policies.save_only_these_names(_CONTRACTION))
-  return nn.remat(layer_cls, policy=policy)
+  return nn.remat(layer_cls, policy=cpu_backend.remat_policy(policy) if config.use_cpu_kernels else policy)
 
 
 def _positions_or_default(tokens, positions):
@@ -377,10 +294,12 @@ class Decoder(nn.Module):
       y = layer_cls(cfg, deterministic, decode, name=f'layer_{i}')(y, encoded, self_spec, cross_spec, decode_index)
     if cfg.norm == 'pre':
       y = layer_norm(cfg, 'final_norm')(y)
-    if cfg.share_embeddings:  # = self.embedding.attend(y), with a CPU-friendly backward pass
-      logits = tied_logits(y.astype(cfg.compute_dtype), self.embedding.embedding.astype(cfg.compute_dtype))
+    if not cfg.share_embeddings:
+      logits = dense(cfg, cfg.vocab_size, ('embed', 'vocab'), name='logits')(y)
+    elif cfg.use_cpu_kernels:
+      logits = cpu_backend.tied_logits(y.astype(cfg.compute_dtype), self.embedding.embedding.astype(cfg.compute_dtype))
     else:
-      logits = Projection(cfg, (cfg.vocab_size,), ('embed', 'vocab'), name='logits')(y)
+      logits = self.embedding.attend(y)
     return _constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
 

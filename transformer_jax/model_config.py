@@ -5,6 +5,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from transformer_jax import cpu_backend
+
 POSITIONAL = ('sinusoidal', 'learned')
 NORMS = ('post', 'pre')
 ATTENTIONS = ('reference', 'dot_product', 'chunked')
@@ -37,6 +39,7 @@ class ModelConfig:
   remat: str = 'none'
   dtype: str = 'float32'  # compute dtype
   param_dtype: str = 'float32'
+  cpu_kernels: str = 'auto'  # the XLA:CPU backward passes (cpu_backend.py): 'auto' (on a CPU), 'on', 'off'
 
   def __post_init__(self):
     _check_choice('positional', self.positional, POSITIONAL)
@@ -45,6 +48,7 @@ class ModelConfig:
     _check_choice('remat', self.remat, REMATS)
     _check_choice('dtype', self.dtype, tuple(DTYPES))
     _check_choice('param_dtype', self.param_dtype, tuple(DTYPES))
+    _check_choice('cpu_kernels', self.cpu_kernels, cpu_backend.SETTINGS)
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ValueError(
           f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}: '
@@ -73,6 +77,10 @@ class ModelConfig:
   @property
   def head_dim_v(self) -> int:
     return self.d_v or self.d_model // self.num_heads
+
+  @property
+  def use_cpu_kernels(self) -> bool:
+    return cpu_backend.enabled(self.cpu_kernels)
 
   @property
   def compute_dtype(self) -> Any:

@@ -83,7 +83,7 @@ def _micro_batches(batch: dict, count: int) -> dict:
 def _loss_sums_and_grads(model, params, batch, rng, smoothing):
   def loss_fn(p):
     logits = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng})
-    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing)
+    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing, cpu_kernels=model.config.use_cpu_kernels)
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -124,4 +124,4 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
 def eval_step(params, batch: dict, *, model: Transformer, smoothing: float) -> dict:
   """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off."""
   logits = model.apply({'params': params}, **model_inputs(batch), deterministic=True)
-  return metrics_lib.token_metrics(logits, batch['targets'], smoothing)
+  return metrics_lib.token_metrics(logits, batch['targets'], smoothing, cpu_kernels=model.config.use_cpu_kernels)

@@ -1,0 +1,145 @@
+"""The CPU seam: its backward passes give autodiff's values, it is switched by backend or config, and its
+host-memory setting makes large blocks come from the reused heap."""
+
+import functools
+import json
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import helpers
+from transformer_jax import cpu_backend, metrics
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+
+
+def _grads(fn, *args):
+  return jax.value_and_grad(fn, argnums=tuple(range(len(args))))(*args)
+
+
+def _assert_close(ours, stock):
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(stock)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('axis,kernel_shape', [(-1, (6, 4, 7)), ((-2, -1), (4, 6, 7))])
+def test_dense_general_backward_equals_autodiff(axis, kernel_shape):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(3, 5, 4, 6) if axis != -1 else (3, 5, 6)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=kernel_shape), jnp.float32)
+  features = kernel_shape[1:] if axis == -1 else kernel_shape[-1]
+
+  def objective(dot_general, a, w):
+    layer = nn.DenseGeneral(features, axis=axis, use_bias=False, dot_general=dot_general)
+    return jnp.sum(jnp.sin(layer.apply({'params': {'kernel': w}}, a)))
+
+  ours = _grads(functools.partial(objective, cpu_backend.dot_general), x, kernel)
+  stock = _grads(functools.partial(objective, None), x, kernel)
+  _assert_close(ours, stock)
+  assert float(jnp.max(jnp.abs(stock[1][1]))) > 0.1  # a real gradient, not zeros on both sides
+
+
+def test_tied_logits_equal_embed_attend_with_gradients():
+  rng = np.random.default_rng(1)
+  y = jnp.asarray(rng.normal(size=(3, 5, 6)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(11, 6)), jnp.float32)
+  up = jnp.asarray(rng.normal(size=(3, 5, 11)), jnp.float32)
+  attend = lambda a, e: nn.Embed(11, 6).apply({'params': {'embedding': e}}, a, method=nn.Embed.attend)
+  ours = _grads(lambda a, e: jnp.sum(cpu_backend.tied_logits(a, e) * up), y, table)
+  stock = _grads(lambda a, e: jnp.sum(attend(a, e) * up), y, table)
+  _assert_close(ours, stock)
+
+
+@pytest.mark.parametrize('smoothing', [0.1, 0.0])
+def test_cross_entropy_and_its_gradient_equal_the_plain_formula(smoothing):
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(3 * rng.normal(size=(3, 5, 11)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, (3, 5)))
+  weights = jnp.asarray(rng.uniform(size=(3, 5)), jnp.float32)
+
+  def objective(loss_fn, z):  # cotangents on both the loss and the nll, as a sum weighted per token
+    loss, nll, correct = loss_fn(z, targets, smoothing)
+    return jnp.sum(weights * loss) + 0.3 * jnp.sum(weights * nll), correct
+
+  (ours, ours_correct), ours_grad = jax.value_and_grad(
+      functools.partial(objective, cpu_backend.cross_entropy), has_aux=True)(logits)
+  (stock, stock_correct), stock_grad = jax.value_and_grad(
+      functools.partial(objective, metrics.cross_entropy), has_aux=True)(logits)
+  np.testing.assert_allclose(ours, stock, rtol=1e-5)
+  np.testing.assert_allclose(ours_grad, stock_grad, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(ours_correct, stock_correct)
+  assert float(jnp.max(jnp.abs(stock_grad))) > 0.01
+
+
+@pytest.mark.parametrize('remat', ['none', 'dots'])
+def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(remat):
+  cfg = ModelConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                    dropout=0.0, max_len=16, remat=remat)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(4, 40, (2, 7)), jnp.int32)
+  params = nn.unbox(Transformer(cfg).init(jax.random.key(0), tokens, tokens))['params']
+
+  def loss(setting, p):
+    model = Transformer(cfg.replace(cpu_kernels=setting))
+    logits = model.apply({'params': p}, tokens, tokens)
+    return metrics.token_metrics(logits, tokens, 0.1, cpu_kernels=model.config.use_cpu_kernels)['loss']
+
+  ours = jax.jit(jax.value_and_grad(functools.partial(loss, 'on')))(params)
+  stock = jax.jit(jax.value_and_grad(functools.partial(loss, 'off')))(params)
+  _assert_close(ours, stock)
+
+
+def test_the_setting_follows_the_backend_unless_forced():
+  assert jax.default_backend() == 'cpu'  # the tests run on CPU devices
+  assert cpu_backend.enabled('auto') and cpu_backend.enabled('on') and not cpu_backend.enabled('off')
+  assert ModelConfig(cpu_kernels='auto').use_cpu_kernels and not ModelConfig(cpu_kernels='off').use_cpu_kernels
+  with pytest.raises(ValueError, match=r"model.cpu_kernels='fast' is not one of \('auto', 'on', 'off'\)"):
+    ModelConfig(cpu_kernels='fast')
+
+
+_PROBE = """
+import ctypes, json, sys
+from transformer_jax import cpu_backend
+applied = sys.argv[1] == 'reuse' and cpu_backend.reuse_host_memory()
+
+class MallInfo2(ctypes.Structure):
+  _fields_ = [(name, ctypes.c_size_t) for name in
+              ('arena', 'ordblks', 'smblks', 'hblks', 'hblkhd', 'usmblks', 'fsmblks', 'uordblks', 'fordblks',
+               'keepcost')]
+
+libc = ctypes.CDLL('libc.so.6')
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+before = libc.mallinfo2()
+block = libc.malloc(1 << 26)  # 64 MiB: above glibc's mmap threshold
+during = libc.mallinfo2()
+libc.free(ctypes.c_void_p(block))
+after = libc.mallinfo2()
+print(json.dumps({'applied': applied, 'mmapped_during': during.hblks - before.hblks, 'heap_during': during.arena,
+                  'heap_after': after.arena}))
+"""
+
+
+@pytest.mark.parametrize('mode', ['reuse', 'system'])
+def test_reused_host_memory_serves_large_blocks_from_the_heap_and_keeps_it(mode):
+  """With reuse a 64 MiB block comes from the heap (no mmap) and stays there after free, ready for the next
+  step; with glibc's defaults it is mmap'ed and the heap never holds it."""
+  result = subprocess.run([sys.executable, '-c', _PROBE, mode], cwd=helpers.REPO, env=helpers.subprocess_env(),
+                          capture_output=True, text=True, timeout=60, check=True)
+  probe = json.loads(result.stdout.strip().splitlines()[-1])
+  if mode == 'reuse':
+    assert probe['applied'] and probe['mmapped_during'] == 0
+    assert probe['heap_during'] >= 1 << 26 and probe['heap_after'] >= 1 << 26
+  else:
+    assert probe['mmapped_during'] == 1 and probe['heap_during'] < 1 << 26
+
+
+def test_host_memory_auto_follows_jax_platforms(monkeypatch):
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
+  assert cpu_backend.will_run_on_cpu()
+  monkeypatch.setenv('JAX_PLATFORMS', 'cuda,cpu')
+  assert not cpu_backend.will_run_on_cpu()
