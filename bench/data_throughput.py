@@ -84,7 +84,7 @@ def measure(pairs, tokenizer, config, seconds: float, warmup_batches: int) -> di
   while time.perf_counter() - start < seconds:
     batch = next(iterator)
     counts['batches'] += 1
-    counts['examples'] += int(batch['targets_segmentation'].max(axis=1).sum())
+    counts['examples'] += int(batch['targets_segment_ids'].max(axis=1).sum())
     counts['source_tokens'] += int((batch['inputs'] != 0).sum())
     counts['target_tokens'] += int((batch['targets'] != 0).sum())
     counts['target_slots'] += batch['targets'].size

@@ -160,8 +160,8 @@ def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, se
       positions = np.arange(length)[None, :]
       real = positions < lengths[:, None]
       batch[key] = np.where(real, rng.integers(4, vocab, size=(rows, length)), 0).astype(np.int32)
-      batch[f'{key}_segmentation'] = real.astype(np.int32)
-      batch[f'{key}_position'] = np.where(real, positions, 0).astype(np.int32)
+      batch[f'{key}_segment_ids'] = real.astype(np.int32)
+      batch[f'{key}_positions'] = np.where(real, positions, 0).astype(np.int32)
     batches.append(batch)
   return batches
 

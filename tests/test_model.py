@@ -127,8 +127,8 @@ def _packed_pair():
   packed = dict(
       inputs=jnp.concatenate(src + [jnp.zeros(pad_src, jnp.int32)])[None],
       targets=jnp.concatenate(tgt + [jnp.zeros(pad_tgt, jnp.int32)])[None],
-      inputs_segmentation=jnp.array([[1] * 5 + [2] * 3 + [0] * pad_src]),
-      targets_segmentation=jnp.array([[1] * 4 + [2] * 6 + [0] * pad_tgt]),
+      inputs_segment_ids=jnp.array([[1] * 5 + [2] * 3 + [0] * pad_src]),
+      targets_segment_ids=jnp.array([[1] * 4 + [2] * 6 + [0] * pad_tgt]),
       inputs_positions=jnp.array([list(range(5)) + list(range(3)) + [0] * pad_src]),
       targets_positions=jnp.array([list(range(4)) + list(range(6)) + [0] * pad_tgt]))
   return packed, src, tgt

@@ -59,7 +59,7 @@ def _examples(batch):
   """(inputs, targets) token tuples of every example in a batch, unpacked by segment id."""
   examples = []
   for row in range(len(batch['inputs'])):
-    segments = {key: batch[f'{key}_segmentation'][row] for key in ('inputs', 'targets')}
+    segments = {key: batch[f'{key}_segment_ids'][row] for key in ('inputs', 'targets')}
     segment_ids = set(segments['inputs']) - {0}
     assert segment_ids == set(segments['targets']) - {0}  # a source and its target share one id
     for segment in sorted(segment_ids):
@@ -67,14 +67,14 @@ def _examples(batch):
       for key in ('inputs', 'targets'):
         where = np.flatnonzero(segments[key] == segment)
         assert np.array_equal(where, np.arange(where[0], where[0] + len(where)))  # contiguous
-        assert np.array_equal(batch[f'{key}_position'][row, where], np.arange(len(where)))
+        assert np.array_equal(batch[f'{key}_positions'][row, where], np.arange(len(where)))
         example.append(tuple(batch[key][row, where]))
       examples.append(tuple(example))
     for key in ('inputs', 'targets'):
       padding = segments[key] == 0
       assert np.all(batch[key][row, padding] == PAD_ID)
       assert np.all(batch[key][row, ~padding] != PAD_ID)
-      assert np.all(batch[f'{key}_position'][row, padding] == 0)
+      assert np.all(batch[f'{key}_positions'][row, padding] == 0)
   return examples
 
 
@@ -245,7 +245,7 @@ def test_eval_batches_cover_every_example_once_in_order(tokenizer, process_count
       for row, index in enumerate(batch['example_index']):
         order.append(int(index))
         if index < 0:
-          assert not batch['inputs'][row].any() and not batch['targets_segmentation'][row].any()
+          assert not batch['inputs'][row].any() and not batch['targets_segment_ids'][row].any()
           continue
         expected = pl.encode_pair(tokenizer, PAIRS[index])
         for key in ('inputs', 'targets'):

@@ -46,16 +46,16 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
-def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
+def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
   """Decoder inputs for teacher forcing: targets moved one step right, BOS first in every segment.
 
   Padding positions (target 0) stay 0, so decoder inputs > 0 exactly where there is a target to predict.
   """
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  if segmentation is None:
+  if segment_ids is None:
     starts = jnp.zeros_like(targets, dtype=bool).at[:, 0].set(True)
   else:
-    starts = segmentation != jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+    starts = segment_ids != jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
   return jnp.where(targets > 0, jnp.where(starts, BOS_ID, shifted), 0)
 
 
@@ -250,10 +250,10 @@ class Encoder(nn.Module):
   embedding: nn.Embed
 
   @nn.compact
-  def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None, *, deterministic=True):
+  def __call__(self, inputs, inputs_positions=None, inputs_segment_ids=None, *, deterministic=True):
     cfg = self.config
     spec = attention.MaskSpec(q_valid=inputs > 0, kv_valid=inputs > 0,
-                              q_segment=inputs_segmentation, kv_segment=inputs_segmentation)
+                              q_segment=inputs_segment_ids, kv_segment=inputs_segment_ids)
     x = Embedder(cfg, self.embedding, name='embedder')(
         inputs, _positions_or_default(inputs, inputs_positions), deterministic=deterministic)
     layer_cls = _maybe_remat(EncoderLayer, cfg)
@@ -271,8 +271,8 @@ class Decoder(nn.Module):
   embedding: nn.Embed
 
   @nn.compact
-  def __call__(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
-               targets_segmentation=None, *, deterministic=True, decode=False):
+  def __call__(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segment_ids=None,
+               targets_segment_ids=None, *, deterministic=True, decode=False):
     cfg = self.config
     target_valid = decoder_inputs > 0
     decode_index = None
@@ -283,10 +283,10 @@ class Decoder(nn.Module):
         decode_index = index.value
         targets_positions = _positions_or_default(decoder_inputs, None) + decode_index
         index.value = decode_index + decoder_inputs.shape[1]
-    self_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=target_valid, q_segment=targets_segmentation,
-                                   kv_segment=targets_segmentation, causal=True)
-    cross_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segmentation,
-                                    kv_segment=inputs_segmentation)
+    self_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=target_valid, q_segment=targets_segment_ids,
+                                   kv_segment=targets_segment_ids, causal=True)
+    cross_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segment_ids,
+                                    kv_segment=inputs_segment_ids)
     y = Embedder(cfg, self.embedding, name='embedder')(
         decoder_inputs, _positions_or_default(decoder_inputs, targets_positions), deterministic=deterministic)
     layer_cls = _maybe_remat(DecoderLayer, cfg, decode)
@@ -320,18 +320,18 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, source_embedding)
     self.decoder = Decoder(cfg, target_embedding)
 
-  def encode(self, inputs, inputs_positions=None, inputs_segmentation=None, *, deterministic=True):
-    return self.encoder(inputs, inputs_positions, inputs_segmentation, deterministic=deterministic)
+  def encode(self, inputs, inputs_positions=None, inputs_segment_ids=None, *, deterministic=True):
+    return self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic=deterministic)
 
-  def decode(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
-             targets_segmentation=None, *, deterministic=True, decode=False):
+  def decode(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segment_ids=None,
+             targets_segment_ids=None, *, deterministic=True, decode=False):
     """Logits [batch, length, vocab] (float32) for `decoder_inputs` (targets shifted right).
 
     With decode=True, keys/values come from and go to the 'cache' collection (see `init_cache`) and
     `decoder_inputs` holds the next token(s) of each row.
     """
-    return self.decoder(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
-                        targets_segmentation, deterministic=deterministic, decode=decode)
+    return self.decoder(encoded, inputs, decoder_inputs, targets_positions, inputs_segment_ids,
+                        targets_segment_ids, deterministic=deterministic, decode=decode)
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
     """Creates the decoding cache (apply with mutable=['cache']): empty self-attention slots for
@@ -339,10 +339,10 @@ class Transformer(nn.Module):
     placeholder = jnp.full((inputs.shape[0], max_decode_len), BOS_ID, jnp.int32)
     return self.decode(encoded, inputs, placeholder, decode=True)
 
-  def __call__(self, inputs, targets, inputs_positions=None, targets_positions=None, inputs_segmentation=None,
-               targets_segmentation=None, *, deterministic=True):
+  def __call__(self, inputs, targets, inputs_positions=None, targets_positions=None, inputs_segment_ids=None,
+               targets_segment_ids=None, *, deterministic=True):
     """Teacher-forced logits for `targets` given `inputs` (token ids, 0 = padding)."""
-    encoded = self.encode(inputs, inputs_positions, inputs_segmentation, deterministic=deterministic)
-    decoder_inputs = shift_right(targets, targets_segmentation)
-    return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
-                       targets_segmentation, deterministic=deterministic)
+    encoded = self.encode(inputs, inputs_positions, inputs_segment_ids, deterministic=deterministic)
+    decoder_inputs = shift_right(targets, targets_segment_ids)
+    return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segment_ids,
+                       targets_segment_ids, deterministic=deterministic)

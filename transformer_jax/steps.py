@@ -15,6 +15,7 @@ import optax
 
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import sharding
+from transformer_jax.data import pipeline
 from transformer_jax.model import Transformer
 
 
@@ -34,11 +35,8 @@ class TrainState:
 
 
 def model_inputs(batch: dict) -> dict:
-  """The model's keyword arguments from a pipeline batch (packed rows carry segments and positions)."""
-  return {'inputs': batch['inputs'], 'targets': batch['targets'],
-          'inputs_positions': batch.get('inputs_position'), 'targets_positions': batch.get('targets_position'),
-          'inputs_segmentation': batch.get('inputs_segmentation'),
-          'targets_segmentation': batch.get('targets_segmentation')}
+  """The model's keyword arguments: a batch's `pipeline.BATCH_KEYS` (other fields, e.g. 'example_index', stay)."""
+  return {key: batch[key] for key in pipeline.BATCH_KEYS if key in batch}
 
 
 def init_state(model: Transformer, tx: optax.GradientTransformation, seed: int, batch_shape) -> TrainState:

@@ -8,8 +8,9 @@ Training batches come in one of two layouts (`pipeline.batching`):
   of one length bucket, padded to the bucket length, with rows*length <= `tokens_per_batch`.
 
 Every batch is a dict of int32 arrays with the keys `BATCH_KEYS`: 'inputs', 'targets' [B, L]
-(0 = padding), '*_segmentation' (1, 2, ... per example in a row, 0 for padding) and
-'*_position' (0-based, restarting at each segment), so the model has one code path.
+(0 = padding), '*_segment_ids' (1, 2, ... per example in a row, 0 for padding) and
+'*_positions' (0-based, restarting at each segment): grain's packing names, which are also the model's
+argument names, so a batch goes to the model as it is and the model has one code path.
 
 Host sharding (process_count > 1):
 - packed: examples are sharded by index (`pairs[process_index::process_count]`) before the
@@ -43,8 +44,8 @@ from absl import flags, logging
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.tokens import EOS_ID, PAD_ID
 
-BATCH_KEYS = ('inputs', 'targets', 'inputs_segmentation', 'targets_segmentation',
-              'inputs_position', 'targets_position')
+BATCH_KEYS = ('inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
+              'inputs_positions', 'targets_positions')
 BATCHINGS = ('packed', 'token_budget')
 Example = dict[str, Any]  # 'inputs', 'targets': int32 token ids incl. EOS; 'index' (train only)
 
@@ -135,21 +136,15 @@ def pad_batch(examples: Sequence[Example], rows: int, length: int) -> dict[str, 
     for key in ('inputs', 'targets'):
       tokens = example[key]
       batch[key][row, :len(tokens)] = tokens
-      batch[f'{key}_segmentation'][row, :len(tokens)] = 1
-      batch[f'{key}_position'][row, :len(tokens)] = np.arange(len(tokens))
+      batch[f'{key}_segment_ids'][row, :len(tokens)] = 1
+      batch[f'{key}_positions'][row, :len(tokens)] = np.arange(len(tokens))
   return batch
 
 
 def _packed_batch(packed: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-  """Renames grain's packing keys to `BATCH_KEYS`; pads the last batch of a finite pipeline."""
-  batch = {}
-  for key in ('inputs', 'targets'):
-    batch[key] = packed[key]
-    batch[f'{key}_segmentation'] = packed[f'{key}_segment_ids']
-    batch[f'{key}_position'] = packed[f'{key}_positions']
-  missing = rows - len(batch['inputs'])
-  return {key: np.pad(value, ((0, missing), (0, 0))).astype(np.int32)
-          for key, value in batch.items()}
+  """grain's packed rows as int32 `BATCH_KEYS`; pads the last batch of a finite pipeline."""
+  missing = rows - len(packed['inputs'])
+  return {key: np.pad(packed[key], ((0, missing), (0, 0))).astype(np.int32) for key in BATCH_KEYS}
 
 
 def _host_rows(batch: dict[str, np.ndarray], *, process_index: int,
