@@ -11,6 +11,7 @@ import sys
 from absl import app
 from absl import flags
 
+from transformer_jax import cli
 from transformer_jax import sweep
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file defining get_sweep() (configs/sweeps/*.py).', required=True)
@@ -25,16 +26,16 @@ _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter that
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}.')
+  module = sweep.load_sweep_file(_SWEEP.value)
+  base = _CONFIG.value or getattr(module, 'CONFIG', None)
+  if not base:
+    raise ValueError(f'pass --config: {_SWEEP.value} sets no CONFIG.')
   try:
-    module = sweep.load_sweep_file(_SWEEP.value)
-    base = _CONFIG.value or getattr(module, 'CONFIG', None)
-    if not base:
-      raise ValueError(f'pass --config: {_SWEEP.value} sets no CONFIG.')
     variants = sweep.variants(module.get_sweep())
-    for variant in variants:
-      sweep.variant_config(base, variant)  # every variant loads and validates before anything runs
-  except (ValueError, TypeError, FileNotFoundError) as e:
-    sys.exit(f'sweep.py: {e}')
+  except TypeError as e:
+    raise ValueError(f'{_SWEEP.value}: {e}') from None
+  for variant in variants:
+    sweep.variant_config(base, variant)  # every variant loads and validates before anything runs
   if _PRINT.value:
     print('\n'.join(sweep.commands(base, variants, _WORKDIR.value, _PYTHON.value)))
     return
@@ -43,8 +44,8 @@ def main(argv):
   print(f'results: {_WORKDIR.value}/results.md, {_WORKDIR.value}/results.csv')
   failed = sorted(name for name, result in outcome.items() if result.startswith('failed'))
   if failed:
-    sys.exit(f'sweep.py: {len(failed)} variant(s) failed: {", ".join(failed)}')
+    sys.exit(f'error: {len(failed)} variant(s) failed: {", ".join(failed)}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

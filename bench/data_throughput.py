@@ -56,7 +56,7 @@ def file_pairs(num_pairs: int, directory: str):
       with open(path, encoding='utf-8') as f:
         lines.append([line.rstrip('\n') for line in f])
     return list(zip(*lines))
-  config = sources.default_data_config()
+  config = sources.default_config()
   config.source = 'files'
   config.files = {'train': paths}
   return sources.load_split(config, 'train')
@@ -68,7 +68,7 @@ def load_corpus(args, directory: str):
   if args.corpus == 'files':
     return file_pairs(max(args.num_pairs, 1_000_000), directory)
   from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
-  return sources.load_split(sources.default_data_config(), 'train')
+  return sources.load_split(sources.default_config(), 'train')
 
 
 def measure(pairs, tokenizer, config, seconds: float, warmup_batches: int) -> dict:
@@ -107,22 +107,18 @@ def measure(pairs, tokenizer, config, seconds: float, warmup_batches: int) -> di
 
 def default_config_training_ratio(seconds: float, rounds: int) -> list[dict]:
   """Pipeline tokens/s vs train-step tokens/s of configs/default.py, alternating the two in each round."""
-  import functools  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from transformer_jax import config_cli, optim, sharding, steps, trainer  # pylint: disable=import-outside-toplevel
+  from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from transformer_jax import sharding, steps  # pylint: disable=import-outside-toplevel
   from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
-  from transformer_jax.model import Transformer  # pylint: disable=import-outside-toplevel
-  config = config_cli.load_config_file('configs/default.py')
+  config = config_lib.load('configs/default.py')
   pairs = sources.load_split(config.data, 'train')
   with tempfile.TemporaryDirectory() as directory:
-    tokenizer = tk.load_or_train_tokenizer(config.tokenizer, directory, pairs)
-  mesh = sharding.make_mesh(config.mesh)
-  mcfg = trainer.model_config(config)
-  model, tx = Transformer(mcfg), optim.make_optimizer(config.train, mcfg.d_model)
-  state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, sharding.rules_from_config(config.mesh))
-  step_fn = jax.jit(functools.partial(steps.train_step, model=model, tx=tx,
-                                      schedule=optim.make_schedule(config.train, mcfg.d_model), smoothing=0.1),
-                    donate_argnums=0)
+    tokenizer = tk.load_or_train_tokenizer(config.tokenizer, os.path.join(directory, 'spm.model'), pairs)
+  mesh, rules = sharding.make_mesh(config.mesh), sharding.rules_from_config(config.mesh)
+  model, tx, schedule = steps.training_objects(config)
+  state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules)
+  step_fn = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh)
   batches = iter(pl.make_train_dataset(pairs, tokenizer, config.pipeline))
   state, metrics = step_fn(state, sharding.place_batch(next(batches), mesh))  # compile
   jax.block_until_ready(metrics)
@@ -150,7 +146,7 @@ def main():
   parser.add_argument('--num_pairs', type=int, default=200_000)
   parser.add_argument('--batching', choices=(*pl.BATCHINGS, 'both'), default='both')
   parser.add_argument('--vocab_size', type=int, default=8000)
-  parser.add_argument('--read_threads', type=int, default=pl.default_pipeline_config().read_threads)
+  parser.add_argument('--read_threads', type=int, default=pl.default_config().read_threads)
   parser.add_argument('--num_workers', type=int, default=0)
   parser.add_argument('--seconds', type=float, default=10.0)
   parser.add_argument('--warmup_batches', type=int, default=20)
@@ -170,16 +166,16 @@ def main():
     common.emit({'corpus': args.corpus, 'pairs': len(pairs),
                  'load_seconds': time.perf_counter() - start, **common.machine(),
                  'load_average_1min': os.getloadavg()[0]})
-    tokenizer_config = tk.default_tokenizer_config()
+    tokenizer_config = tk.default_config()
     tokenizer_config.vocab_size = args.vocab_size
     start = time.perf_counter()
-    tokenizer = tk.load_or_train_tokenizer(tokenizer_config, directory, pairs)
+    tokenizer = tk.load_or_train_tokenizer(tokenizer_config, os.path.join(directory, 'spm.model'), pairs)
     common.emit({'tokenizer_train_seconds': time.perf_counter() - start,
                  'sample_sentences': min(tokenizer_config.sample_size, 2 * len(pairs)),
                  'vocab_size': tokenizer.vocab_size})
     results = []
     for batching in (pl.BATCHINGS if args.batching == 'both' else (args.batching,)):
-      config = pl.default_pipeline_config()
+      config = pl.default_config()
       config.batching = batching
       config.read_threads = args.read_threads
       config.num_workers = args.num_workers

@@ -26,7 +26,6 @@ Example (repository root): python -m bench.train_throughput --configs=default,ba
 """
 
 import argparse
-import functools
 import math
 import os
 import resource
@@ -90,13 +89,13 @@ class Ours:
   def __init__(self, cfg, host_batch, seed=0, stock=False):
     self.name = 'ours_stock' if stock else 'ours'
     cfg = cfg.replace(cpu_kernels='off') if stock else cfg
-    import flax.linen as nn  # pylint: disable=import-outside-toplevel
     import jax  # pylint: disable=import-outside-toplevel
-    from transformer_jax import config_defaults, optim, sharding, steps  # pylint: disable=import-outside-toplevel
+    from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+    from transformer_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
     from transformer_jax.model import Transformer  # pylint: disable=import-outside-toplevel
 
-    train_cfg = config_defaults.base_config().train  # paper schedule, Adam(0.9, 0.98, 1e-9), smoothing 0.1
-    mesh_cfg = sharding.default_mesh_config()
+    train_cfg = config_lib.base_config().train  # paper schedule, Adam(0.9, 0.98, 1e-9), smoothing 0.1
+    mesh_cfg = sharding.default_config()
     mesh_cfg.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
     self.mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:1])
     self.rules = sharding.rules_from_config(mesh_cfg)
@@ -106,11 +105,8 @@ class Ours:
     batch_shape = (host_batch['inputs'].shape[0], 8)
     self.state, shardings = steps.create_sharded_state(model, tx, seed, batch_shape, self.mesh, self.rules)
     self.batch = sharding.place_batch(host_batch, self.mesh)
-    step = functools.partial(steps.train_step, model=model, tx=tx, schedule=schedule,
-                             smoothing=train_cfg.label_smoothing)
-    jitted = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(self.mesh)),
-                     out_shardings=(shardings, None), donate_argnums=0)
-    self._context = lambda: _Both(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
+    jitted = steps.jit_train_step(model, tx, schedule, train_cfg, shardings, self.mesh)
+    self._context = lambda: sharding.activate(self.mesh, self.rules)
     start = time.perf_counter()
     with self._context():
       self.compiled = jitted.lower(self.state, self.batch).compile()
@@ -127,19 +123,6 @@ class Ours:
     m = self.compiled.memory_analysis()
     return {'temp_bytes': m.temp_size_in_bytes, 'argument_bytes': m.argument_size_in_bytes,
             'output_bytes': m.output_size_in_bytes, 'alias_bytes': m.alias_size_in_bytes}
-
-
-class _Both:
-  def __init__(self, *contexts):
-    self.contexts = contexts
-
-  def __enter__(self):
-    for c in self.contexts:
-      c.__enter__()
-
-  def __exit__(self, *exc):
-    for c in reversed(self.contexts):
-      c.__exit__(*exc)
 
 
 # ---------------------------------------------------------------------------------------------------- torch

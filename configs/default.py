@@ -1,12 +1,17 @@
 """The main job: a ~2M-parameter Transformer on the built-in EN→DE corpus, minutes on a laptop CPU.
 
 python train.py --config=configs/default.py --workdir=runs/default
+
+Arguments: a mesh preset and/or runlocal (see `presets`).
 """
 
-from transformer_jax.config_defaults import base_config
+from configs import presets
+from transformer_jax.config import base_config
+
+ARGS = presets.arg_names()
 
 
-def get_config():
+def get_config(arg=None):
   config = base_config()
   config.model.vocab_size = 4000  # also tokenizer.vocab_size
   config.model.update(d_model=128, d_ff=512, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
@@ -19,4 +24,4 @@ def get_config():
                       eval_batches=4, checkpoint_every=200, keep_checkpoints=3)
   config.eval.update(batch_size=128, average_last=3)
   config.decode.update(batch_size=128)
-  return config
+  return presets.apply_args(config, arg)

@@ -25,7 +25,7 @@ import math
 
 import ml_collections
 
-from transformer_jax import config_defaults
+from transformer_jax import config as config_lib
 from transformer_jax import sharding
 
 RUNLOCAL = 'runlocal'
@@ -49,10 +49,10 @@ def wmt14(language_pair: str, vocab_size: int) -> ml_collections.ConfigDict:
 
   language_pair: the tfds config, 'de-en' or 'fr-en'; the source is English, the target the other side.
   """
-  config = config_defaults.base_config()
+  config = config_lib.base_config()
   target = language_pair.split('-')[0]
 
-  # §5.1: WMT 2014 from tfds (prepare it once with transformer_jax.data.prepare_tfds); newstest2013 is
+  # §5.1: WMT 2014 from tfds (prepare it once with transformer_jax.prepare_tfds); newstest2013 is
   # the validation split, newstest2014 the test split. One vocabulary shared by source and target.
   config.data.update(source='tfds', tfds_name=f'wmt14_translate/{language_pair}', source_lang='en',
                      target_lang=target)
@@ -155,5 +155,5 @@ def apply_args(config: ml_collections.ConfigDict, arg: str | None, variants=None
     set_mesh(config, name)
   if RUNLOCAL in names:
     runlocal(config)
-  config_defaults.validate(config, data_paths=False)
+  config_lib.validate(config, data_splits=())
   return config

@@ -2,7 +2,7 @@
 
 python train.py --config=configs/wmt14_ende_big.py:gpu8 --workdir=DIR
 
-The base setup (`presets.wmt14`) with Table 3's "big" row (`transformer_jax.table3.VARIANTS['big']`:
+The base setup (`presets.wmt14`) with Table 3's "big" row (`configs.table3.VARIANTS['big']`:
 d_model 1024, d_ff 4096, 16 heads, P_drop 0.3, 300k steps). §6.1: the big models average the last 20
 checkpoints. The paper writes checkpoints every 10 minutes; at its 1.0 s per big step that is every 600
 steps (which divides 300k), so 20 checkpoints are kept.
@@ -12,7 +12,7 @@ and/or runlocal (see `presets`).
 """
 
 from configs import presets
-from transformer_jax.table3 import VARIANTS
+from configs.table3 import VARIANTS
 
 ARGS = presets.arg_names()
 

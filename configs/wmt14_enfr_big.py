@@ -4,7 +4,7 @@ python train.py --config=configs/wmt14_enfr_big.py:tpu_v4_32 --workdir=DIR
 
 As `wmt14_ende_big.py` (the big model, 300k steps, last 20 checkpoints averaged) on tfds
 `wmt14_translate/fr-en` (English source, French target; prepare it with
-`python -m transformer_jax.data.prepare_tfds --name=wmt14_translate/fr-en`), with a shared vocabulary of
+`python -m transformer_jax.prepare_tfds --name=wmt14_translate/fr-en`), with a shared vocabulary of
 32000 pieces (§5.1; the paper's word-pieces are approximated by SentencePiece BPE) and, as §6.1 says for
 this model, P_drop = 0.1 instead of 0.3.
 

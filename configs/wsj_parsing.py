@@ -31,26 +31,20 @@ Arguments: a mesh preset and/or runlocal (see `presets`; runlocal switches to th
 so it checks the setup runs, not parsing).
 """
 
-import ml_collections
-
 from configs import presets
-from transformer_jax import config_defaults
+from transformer_jax import config as config_lib
 
 ARGS = presets.arg_names()
-SPLITS = ('train', 'validation', 'test')
 
 
 def get_config(arg=None):
-  config = config_defaults.base_config()
+  config = config_lib.base_config()
   config.model.update(d_model=1024, d_ff=2048, num_heads=8, num_encoder_layers=4, num_decoder_layers=4,
                       dropout=0.2, attention_dropout=0.2, attention='reference', share_embeddings=True)
   config.model.vocab_size = 16_000  # also tokenizer.vocab_size
   config.model.max_len = 512  # also pipeline.max_length, the training length filter
 
-  config.data.source = 'files'
-  config.data.files = ml_collections.ConfigDict({
-      split: {key: ml_collections.config_dict.placeholder(str) for key in ('source', 'target', 'tsv')}
-      for split in SPLITS})
+  config.data.source = 'files'  # data.files.{train,validation,test} come from the command line
   config.tokenizer.model_type = 'bpe'
   config.pipeline.update(batching='token_budget', tokens_per_batch=25_000,
                          bucket_boundaries=(8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512))

@@ -6,7 +6,6 @@ built-in corpus of a few thousand pairs.
 """
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -18,8 +17,9 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from transformer_jax import config_cli, optim, sharding, steps, trainer
-from transformer_jax.model import Transformer
+from transformer_jax import config as config_lib
+from transformer_jax import sharding, steps
+from transformer_jax.workdir import Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(REPO, 'train.py')
@@ -68,7 +68,7 @@ STEP_ROWS, STEP_LENGTH = 8, 12
 
 def default_config() -> ml_collections.ConfigDict:
   """configs/default.py's get_config(), loaded the way train.py's --config flag loads it."""
-  return config_cli.load_config_file(DEFAULT_CONFIG)
+  return config_lib.load(DEFAULT_CONFIG)
 
 
 def set_path(config: ml_collections.ConfigDict, path: str, value):
@@ -117,13 +117,14 @@ def subprocess_env(device_count: int = 8) -> dict:
 def prepare_workdir(workdir: str, tokenizer_workdir: str) -> str:
   """A fresh workdir holding a copy of an already trained tokenizer (saves training it again)."""
   os.makedirs(workdir, exist_ok=True)
-  shutil.copytree(os.path.join(tokenizer_workdir, 'tokenizer'), os.path.join(workdir, 'tokenizer'))
+  source, target = Workdir(tokenizer_workdir).tokenizer_model, Workdir(workdir).tokenizer_model
+  os.makedirs(os.path.dirname(target))
+  shutil.copyfile(source, target)
   return workdir
 
 
 def read_metrics(workdir: str, split: str = 'train') -> list[dict]:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  with open(path) as f:
+  with open(Workdir(workdir).metrics_file) as f:
     records = [json.loads(line) for line in f]
   return [r for r in records if r['split'] == split]
 
@@ -134,8 +135,7 @@ def losses_by_step(workdir: str) -> dict[int, float]:
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
-  directory = os.path.join(workdir, 'checkpoints')
-  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  return sorted(int(name) for name in os.listdir(Workdir(workdir).checkpoints) if name.isdigit())
 
 
 def tree_digest(directory: str) -> dict[str, str]:
@@ -175,18 +175,12 @@ def one_device_mesh(config: ml_collections.ConfigDict):
 
 def train_objects(config: ml_collections.ConfigDict):
   """(model, tx, schedule) of a config, as the trainer builds them."""
-  mcfg = trainer.model_config(config)
-  return Transformer(mcfg), optim.make_optimizer(config.train, mcfg.d_model), \
-      optim.make_schedule(config.train, mcfg.d_model)
+  return steps.training_objects(config)
 
 
 def jitted_train_step(config, model, tx, schedule, state_shardings, mesh):
-  """The trainer's jitted train step (same in/out shardings)."""
-  batch_sharding = sharding.batch_sharding(mesh)
-  return jax.jit(
-      functools.partial(steps.train_step, model=model, tx=tx, schedule=schedule,
-                        smoothing=config.train.label_smoothing, grad_accum_steps=config.train.grad_accum_steps),
-      in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None))
+  """The trainer's jitted train step (same in/out shardings), without donation (tests reuse their states)."""
+  return steps.jit_train_step(model, tx, schedule, config.train, state_shardings, mesh, donate=False)
 
 
 @contextlib.contextmanager

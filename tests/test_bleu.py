@@ -9,7 +9,6 @@ from transformer_jax.bleu import (
   sacrebleu_corpus,
   split_compound_hyphens,
   tokenized_bleu,
-  write_translations,
 )
 
 
@@ -102,15 +101,3 @@ def test_sacrebleu_signature_names_the_settings():
   _, signature = sacrebleu_corpus(["the cat sat on the mat"], ["the cat sat on a mat"])
   assert "nrefs:1" in signature and "tok:13a" in signature and "case:mixed" in signature
   assert "version:" in signature
-
-
-def test_write_translations_writes_one_line_per_sentence(tmp_path):
-  paths = write_translations(tmp_path, "test", ["Hallo Welt", "Ä"], ["Hello world", "A"], ["Hi world", "Ae"])
-  assert paths == {kind: tmp_path / "translations" / f"test.{kind}.txt" for kind in ("src", "hyp", "ref")}
-  assert paths["src"].read_text(encoding="utf-8") == "Hallo Welt\nÄ\n"
-  assert paths["hyp"].read_text(encoding="utf-8").splitlines() == ["Hello world", "A"]
-  assert paths["ref"].read_text(encoding="utf-8").splitlines() == ["Hi world", "Ae"]
-  with pytest.raises(ValueError, match="differ in length"):
-    write_translations(tmp_path, "dev", ["a"], ["b", "c"], ["d"])
-  with pytest.raises(ValueError, match="line break"):
-    write_translations(tmp_path, "dev", ["a"], ["b\nc"], ["d"])

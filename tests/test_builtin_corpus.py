@@ -265,7 +265,7 @@ def test_each_source_has_exactly_one_translation():
 
 
 def test_default_corpus_sizes_distinct_disjoint_and_fast():
-  config = sources.default_data_config()
+  config = sources.default_config()
   args = config.builtin_seed, config.builtin_train_size, config.builtin_eval_size
   assert args == (0, 200_000, 2000)
   bc.build_corpus.cache_clear()

@@ -19,6 +19,7 @@ import helpers
 from transformer_jax import checkpoint, sharding, steps, trainer
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.workdir import Workdir
 
 NUM_STEPS, STOP_AT = 8, 5
 SAVE_EVERY, KEEP = 2, 2
@@ -74,7 +75,7 @@ def _abstract_state(config):
 
 def _fresh_iterator(config, workdir):
   pairs = sources.load_split(config.data, 'train')
-  tok = tokenizer_lib.load_tokenizer(workdir)
+  tok = tokenizer_lib.load_tokenizer(Workdir(workdir).tokenizer_model)
   return iter(pipeline.make_train_dataset(pairs, tok, config.pipeline))
 
 
@@ -83,12 +84,12 @@ def test_checkpoint_cadence_and_contents(uninterrupted):
   config = _config()
   assert helpers.checkpoint_steps(workdir) == [6, 8]  # saved at 2, 4, 6, 8; the last KEEP kept
   for step in (6, 8):
-    step_dir = os.path.join(checkpoint.checkpoint_dir(workdir), str(step))
+    step_dir = os.path.join(Workdir(workdir).checkpoints, str(step))
     assert set(os.listdir(step_dir)) >= {checkpoint.STATE, checkpoint.DATA}
     assert 'process_0-of-1.json' in os.listdir(os.path.join(step_dir, checkpoint.DATA))  # the iterator state
 
   abstract = _abstract_state(config)
-  manager = checkpoint.make_manager(workdir, create=False, async_save=False)
+  manager = checkpoint.make_manager(Workdir(workdir).checkpoints, create=False, async_save=False)
   restored_iter = _fresh_iterator(config, workdir)
   try:
     assert manager.latest_step() == NUM_STEPS
@@ -117,8 +118,8 @@ def test_checkpoint_cadence_and_contents(uninterrupted):
 
 def test_checkpoint_of_another_model_shape_is_refused(uninterrupted):
   workdir = uninterrupted[0]
-  before = helpers.tree_digest(checkpoint.checkpoint_dir(workdir))
-  with open(os.path.join(workdir, trainer.CONFIG_FILE)) as f:
+  before = helpers.tree_digest(Workdir(workdir).checkpoints)
+  with open(Workdir(workdir).config_file) as f:
     config_before = f.read()
   wider = _config(model__d_model=32, model__d_ff=64, train__num_steps=NUM_STEPS + 2)
   with pytest.raises(ValueError) as error:
@@ -128,8 +129,8 @@ def test_checkpoint_of_another_model_shape_is_refused(uninterrupted):
   assert 'other shapes' in message and f'step {NUM_STEPS}' in message
   assert '(31 differences)' in message  # every d_model/d_ff-sized parameter of the 1+1 layer model
   assert "['decoder']['layer_0']['ffn']['wi']['kernel']: checkpoint (16, 32) vs config (32, 64)" in message
-  assert helpers.tree_digest(checkpoint.checkpoint_dir(workdir)) == before
-  with open(os.path.join(workdir, trainer.CONFIG_FILE)) as f:
+  assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
+  with open(Workdir(workdir).config_file) as f:
     assert f.read() == config_before  # the workdir's config still describes its checkpoints
 
 
@@ -188,7 +189,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   saved = helpers.checkpoint_steps(workdir)
   assert len(saved) == 1 and saved[0] >= 1
   stop_step = saved[0]
-  assert f'preempted: saved step {stop_step} in {checkpoint.checkpoint_dir(workdir)}' in rest
+  assert f'preempted: saved step {stop_step} in {Workdir(workdir).checkpoints}' in rest
   assert 'rerun the same command to resume' in rest
   assert max(r['step'] for r in helpers.read_metrics(workdir)) == stop_step  # it stopped right after saving
   # The saved step restores and the run continues from it.
@@ -212,9 +213,9 @@ def test_kill_9_during_async_saves_leaves_a_restorable_checkpoint(tmp_path, unin
   assert process.returncode == -signal.SIGKILL
   finished = helpers.checkpoint_steps(workdir)  # finalized steps only (tmp dirs carry a suffix)
   assert finished and finished[-1] >= 2  # save(s) waits for save(s - 1): step 2 was done when step 4 ran
-  leftovers = [n for n in os.listdir(checkpoint.checkpoint_dir(workdir)) if not n.isdigit()]
+  leftovers = [n for n in os.listdir(Workdir(workdir).checkpoints) if not n.isdigit()]
   print(f'finalized steps {finished}, unfinished save directories {leftovers}')
-  manager = checkpoint.make_manager(workdir, create=False, async_save=False)
+  manager = checkpoint.make_manager(Workdir(workdir).checkpoints, create=False, async_save=False)
   try:
     latest = manager.latest_step()
   finally:

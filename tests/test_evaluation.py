@@ -11,10 +11,14 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention_plots
+from transformer_jax import bleu
 from transformer_jax import checkpoint
-from transformer_jax import evaluation
+from transformer_jax import config as config_lib
+from transformer_jax import inference
+from transformer_jax import scoring
 from transformer_jax import sharding
 from transformer_jax import trainer
+from transformer_jax.workdir import Workdir
 from transformer_jax.tokens import EOS_ID, PAD_ID
 from tests import helpers
 
@@ -43,8 +47,8 @@ def _host(tree):
 
 def test_restore_onto_one_device_and_eight(trained):
   config, workdir = trained
-  on_eight = evaluation.restore(config, workdir)
-  on_one = evaluation.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
+  on_eight = inference.restore(config, workdir)
+  on_one = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
   assert on_eight.steps == on_one.steps == [30]
   assert len(jax.tree.leaves(on_one.params)[0].sharding.device_set) == 1
   for a, b in zip(jax.tree.leaves(_host(on_eight.params)), jax.tree.leaves(_host(on_one.params))):
@@ -54,17 +58,17 @@ def test_restore_onto_one_device_and_eight(trained):
 def test_checkpoint_from_one_device_restores_on_eight_fsdp(trained, tmp_path):
   config, workdir = trained
   one_mesh = sharding.make_mesh(_data_only(config), jax.devices()[:1])
-  restored = evaluation.restore(config, workdir, mesh=one_mesh)
+  restored = inference.restore(config, workdir, mesh=one_mesh)
   other = str(tmp_path / 'copy')
   os.makedirs(other)
-  manager = checkpoint.make_manager(other, async_save=False)
+  manager = checkpoint.make_manager(Workdir(other).checkpoints, async_save=False)
   checkpoint.save(manager, 7, {'params': restored.params}, force=True)
   manager.wait_until_finished()
   fsdp_cfg = config.mesh.copy_and_resolve_references()
   fsdp_cfg.shape = {'data': 1, 'fsdp': 8, 'tensor': 1}
   mesh8 = sharding.make_mesh(fsdp_cfg)
-  target = evaluation.abstract_params(restored.model, mesh8, restored.rules)
-  params8 = checkpoint.restore_params(checkpoint.make_manager(other, create=False), 7, target)
+  target = inference.abstract_params(restored.model, mesh8, restored.rules)
+  params8 = checkpoint.restore_params(checkpoint.make_manager(Workdir(other).checkpoints, create=False), 7, target)
   embedding = params8['shared_embedding']['embedding']
   assert len(embedding.sharding.device_set) == 8
   for a, b in zip(jax.tree.leaves(_host(params8)), jax.tree.leaves(_host(restored.params))):
@@ -73,36 +77,36 @@ def test_checkpoint_from_one_device_restores_on_eight_fsdp(trained, tmp_path):
 
 def test_restore_a_given_step_and_unknown_step(trained):
   config, workdir = trained
-  assert evaluation.restore(config, workdir, step=20).steps == [20]
+  assert inference.restore(config, workdir, step=20).steps == [20]
   with pytest.raises(ValueError, match='no checkpoint of step 25'):
-    evaluation.restore(config, workdir, step=25)
+    inference.restore(config, workdir, step=25)
 
 
 def test_averaging(trained, tmp_path):
   config, workdir = trained
-  steps_params = {s: _host(evaluation.restore(config, workdir, step=s).params) for s in (20, 30)}
-  averaged = _host(evaluation.restore(config, workdir, average_last=2).params)
+  steps_params = {s: _host(inference.restore(config, workdir, step=s).params) for s in (20, 30)}
+  averaged = _host(inference.restore(config, workdir, average_last=2).params)
   for a, p20, p30 in zip(*(jax.tree.leaves(t) for t in (averaged, steps_params[20], steps_params[30]))):
     np.testing.assert_allclose(a, (p20 + p30) / 2, rtol=1e-6, atol=1e-7)
   # averaging K identical checkpoints returns them unchanged
-  restored = evaluation.restore(config, workdir, step=30)
+  restored = inference.restore(config, workdir, step=30)
   same = str(tmp_path / 'same')
-  manager = checkpoint.make_manager(same, async_save=False)
+  manager = checkpoint.make_manager(Workdir(same).checkpoints, async_save=False)
   for step in (1, 2, 3):
     checkpoint.save(manager, step, {'params': restored.params}, force=True)
   manager.wait_until_finished()
-  mean = checkpoint.average_params(manager, [1, 2, 3], evaluation.abstract_params(restored.model, restored.mesh,
+  mean = checkpoint.average_params(manager, [1, 2, 3], inference.abstract_params(restored.model, restored.mesh,
                                                                                    restored.rules))
   for a, b in zip(jax.tree.leaves(_host(mean)), jax.tree.leaves(_host(restored.params))):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match='holds 3'):
-    evaluation.restore(config, workdir, average_last=9)
+    inference.restore(config, workdir, average_last=9)
 
 
 def test_save_averaged_checkpoint(trained):
   config, workdir = trained
-  restored = evaluation.restore(config, workdir, average_last=3)
-  path = evaluation.save_averaged(restored, workdir)
+  restored = inference.restore(config, workdir, average_last=3)
+  path = inference.save_averaged(restored, workdir)
   assert os.path.isdir(path) and path.endswith('30')
 
 
@@ -119,16 +123,16 @@ SENTENCES = ['The dog sees the cat.', 'I paint the glass.', 'Does she visit eigh
 
 def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
   config, workdir = trained
-  restored = evaluation.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
+  restored = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
   inputs = _inputs(restored, SENTENCES)
   kw = dict(model=restored.model, max_decode_len=20)
-  greedy, _ = evaluation.generate(restored.params, inputs, jax.random.key(0), method='greedy', **kw)
-  beam1, _ = evaluation.generate(restored.params, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
+  greedy, _ = inference.generate(restored.params, inputs, jax.random.key(0), method='greedy', **kw)
+  beam1, _ = inference.generate(restored.params, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
                                  **kw)
   np.testing.assert_array_equal(greedy, beam1)
   for method in ('greedy', 'beam'):
-    cached, s1 = evaluation.generate(restored.params, inputs, jax.random.key(0), method=method, **kw)
-    uncached, s2 = evaluation.generate(restored.params, inputs, jax.random.key(0), method=method, use_cache=False,
+    cached, s1 = inference.generate(restored.params, inputs, jax.random.key(0), method=method, **kw)
+    uncached, s2 = inference.generate(restored.params, inputs, jax.random.key(0), method=method, use_cache=False,
                                        **kw)
     np.testing.assert_array_equal(cached, uncached)
     np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-4)
@@ -140,36 +144,38 @@ def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
 
 def test_evaluate_split_writes_bleu_results_and_translations(trained):
   config, workdir = trained
-  restored = evaluation.restore(config, workdir)
-  results = evaluation.evaluate_split(restored, workdir, 'test')
-  saved = json.load(open(os.path.join(workdir, 'results.json')))
+  restored = inference.restore(config, workdir)
+  results = scoring.evaluate_split(restored, workdir, 'test')
+  saved = json.load(open(Workdir(workdir).final_results_file))
   for key in ('bleu', 'tokenized_bleu', 'bleu_signature', 'test_loss', 'test_perplexity', 'test_accuracy', 'params'):
     assert key in saved
-  assert saved['bleu'] == results['bleu'] and 0.0 <= saved['bleu'] <= 100.0
   assert 'nrefs:1' in saved['bleu_signature']
   hyps = open(saved['translations']['hyp'], encoding='utf-8').read().splitlines()
   refs = open(saved['translations']['ref'], encoding='utf-8').read().splitlines()
   assert len(hyps) == len(refs) == saved['num_sentences'] == config.data.builtin_eval_size
+  # The scores are those of the files written: anyone can re-score them with the same tools.
+  assert saved['bleu'] == results['bleu'] == bleu.sacrebleu_corpus(hyps, refs)[0]
+  assert saved['tokenized_bleu'] == bleu.tokenized_bleu(hyps, refs)
   assert np.isclose(saved['test_perplexity'], np.exp(saved['test_nll']), rtol=1e-5)
-  text = evaluation.describe(results, 2)
+  text = scoring.describe(results, 2)
   assert 'BLEU' in text and text.count('reference:') == 2
 
 
 def test_translate_lines_empty_and_too_long(trained):
   config, workdir = trained
-  restored = evaluation.restore(config, workdir)
-  out = evaluation.translate_lines(restored, ['The dog sees the cat.', '', '   ', 'He sleeps.'])
+  restored = inference.restore(config, workdir)
+  out = inference.translate_lines(restored, ['The dog sees the cat.', '', '   ', 'He sleeps.'])
   assert len(out) == 4 and out[1] == '' and out[2] == ''
-  assert out[0] == evaluation.translate_lines(restored, ['The dog sees the cat.'])[0]
+  assert out[0] == inference.translate_lines(restored, ['The dog sees the cat.'])[0]
   long_line = ' '.join(['dog'] * 200)
   with pytest.raises(ValueError, match='line 1 has .* tokens, more than the model'):
-    evaluation.translate_lines(restored, [long_line])
-  assert len(evaluation.translate_lines(restored, [long_line], truncate=True)) == 1
+    inference.translate_lines(restored, [long_line])
+  assert len(inference.translate_lines(restored, [long_line], truncate=True)) == 1
 
 
 def test_attention_heatmaps(trained, tmp_path):
   config, workdir = trained
-  restored = evaluation.restore(config, workdir)
+  restored = inference.restore(config, workdir)
   src = restored.tokenizer.encode('The dog sees the cat.') + [EOS_ID]
   tgt = restored.tokenizer.encode('Der Hund sieht die Katze.') + [EOS_ID]
   maps = attention_plots.attention_maps(restored, src, tgt)
@@ -193,10 +199,12 @@ def _run(args, **kwargs):
 
 def test_eval_and_translate_commands(trained):
   _, workdir = trained
-  result = _run(['eval.py', f'--config={helpers.DEFAULT_CONFIG}', *helpers.flag_args(), f'--workdir={workdir}',
-                 '--average_last=2', '--config.decode.beam_size=2'])
+  # The run's own config.json is the config: none of its training overrides are repeated here.
+  result = _run(['eval.py', f'--workdir={workdir}', '--average_last=2', '--config.decode.beam_size=2'])
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'BLEU' in result.stdout and '[20, 30]' in result.stdout
+  with open(Workdir(workdir).final_results_file) as f:
+    assert json.load(f)['beam_size'] == 2
   result = _run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'], input='The dog sees the cat.\n\nHe sleeps.\n')
   assert result.returncode == 0, result.stderr[-2000:]
   assert len(result.stdout.split('\n')) == 4 and result.stdout.split('\n')[1] == ''
@@ -205,15 +213,34 @@ def test_eval_and_translate_commands(trained):
 def test_eval_bad_inputs(trained, tmp_path):
   config, workdir = trained
   result = _run(['eval.py', f'--workdir={tmp_path / "missing"}'])
-  assert result.returncode != 0 and 'not a training workdir' in result.stderr.splitlines()[-1]
-  result = _run(['eval.py', f'--workdir={workdir}'])  # configs/default.py is not the tiny model it was trained with
-  assert result.returncode != 0 and 'trained with another model config: model.d_ff=32' in result.stderr
+  assert result.returncode != 0 and 'missing does not exist: pass the --workdir of a training run' in \
+      result.stderr.splitlines()[-1]
+  result = _run(['eval.py', f'--workdir={workdir}', '--config.model.d_ff=8'])
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode != 0 and len(lines) == 1
+  assert '--config.model.d_ff: evaluation cannot change model.d_ff, which the training run fixed' in lines[0]
+  result = _run(['eval.py', f'--workdir={workdir}', f'--config={helpers.DEFAULT_CONFIG}'])
+  assert result.returncode != 0 and 'drop --config=FILE' in result.stderr
   empty = tmp_path / 'empty'
   empty.mkdir()
   (empty / 'config.json').write_text(open(os.path.join(workdir, 'config.json')).read())
   with pytest.raises(FileNotFoundError, match='tokenizer'):
-    evaluation.restore(config, str(empty))
+    inference.restore(config, str(empty))
   wrong = config.copy_and_resolve_references()
   wrong.model.d_ff = 24
   with pytest.raises(ValueError, match=r'ffn.*checkpoint \(\d+, \d+\) vs config'):
-    evaluation.restore(wrong, workdir)
+    inference.restore(wrong, workdir)
+
+
+def test_write_translations_writes_one_line_per_sentence(tmp_path):
+  run_dir = Workdir(str(tmp_path))
+  texts = {'src': ['Hallo Welt', 'Ä'], 'hyp': ['Hello world', 'A'], 'ref': ['Hi world', 'Ae']}
+  paths = scoring.write_translations(run_dir, 'test', texts)
+  assert paths == {kind: str(tmp_path / 'translations' / f'test.{kind}.txt') for kind in ('src', 'hyp', 'ref')}
+  assert (tmp_path / 'translations' / 'test.src.txt').read_text(encoding='utf-8') == 'Hallo Welt\nÄ\n'
+  for kind, lines in texts.items():
+    assert (tmp_path / 'translations' / f'test.{kind}.txt').read_text(encoding='utf-8').splitlines() == lines
+  with pytest.raises(ValueError, match='differ in length'):
+    scoring.write_translations(run_dir, 'dev', {'src': ['a'], 'hyp': ['b', 'c'], 'ref': ['d']})
+  with pytest.raises(ValueError, match='line break'):
+    scoring.write_translations(run_dir, 'dev', {'src': ['a'], 'hyp': ['b\nc'], 'ref': ['d']})

@@ -1,12 +1,14 @@
 """The Transformer: shapes, dtypes, masks by perturbation, packing, cached decoding, axis names, Table 3."""
 
+import os
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import table3
+from configs import table3
 from transformer_jax.model import Transformer, shift_right, sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
@@ -235,17 +237,28 @@ def test_bad_model_configs_are_clear_errors(bad, match):
     TINY.replace(**bad)
 
 
-def test_table3_param_counts():
-  """Table 3's params column with the 37000-token shared vocabulary (see README for the three outliers)."""
-  by_name = {name: (ours, paper) for name, ours, paper in table3.param_table()}
-  # The paper's rows are not all consistent with one vocabulary size: N=2, d_model=256 and d_ff=1024 come
-  # out 4.2-6.5% below their listed counts while 'big' is 0.6% above; every other row is within 4%.
-  outliers = {'C_N2': 0.07, 'C_dmodel256': 0.05, 'C_dff1024': 0.05}
-  for name, (ours, paper) in by_name.items():
-    assert abs(ours - paper) / paper <= outliers.get(name, 0.04), (name, ours, paper)
-  assert len(by_name) == 11
-  # exact closed form for the base model: shared embedding + 6 encoder + 6 decoder layers, no attention biases
-  d, f, v = 512, 2048, 37000
-  enc = 4 * d * d + 2 * d * f + f + d + 2 * 2 * d
-  dec = 8 * d * d + 2 * d * f + f + d + 3 * 2 * d
-  assert round(by_name['base'][0] * 1e6) == v * d + 6 * enc + 6 * dec
+def _closed_form_params(c: ModelConfig) -> int:
+  """The parameter count of the architecture the paper describes, term by term: shared embeddings, attention
+  projections without biases, the FFN with b1 and b2, a LayerNorm (scale, bias) per sublayer."""
+  d, f, h, dk, dv = c.d_model, c.d_ff, c.num_heads, c.head_dim_k, c.head_dim_v
+  attention = 2 * d * h * dk + 2 * d * h * dv
+  ffn = 2 * d * f + f + d
+  norm = 2 * d
+  encoder = attention + ffn + 2 * norm
+  decoder = 2 * attention + ffn + 3 * norm
+  positions = 2 * c.max_len * d if c.positional == 'learned' else 0
+  return c.vocab_size * d + c.num_encoder_layers * encoder + c.num_decoder_layers * decoder + positions
+
+
+@pytest.mark.parametrize('name', list(table3.VARIANTS))
+def test_table3_rows_have_the_closed_form_parameter_count(name):
+  config = table3.model_config_for(table3.VARIANTS[name], ModelConfig(vocab_size=table3.PAPER_VOCAB_SIZE))
+  assert table3.count_params(config) == _closed_form_params(config)
+
+
+def test_readme_parameter_table_is_what_configs_table3_prints(capsys):
+  table3.main()
+  printed = capsys.readouterr().out.strip().splitlines()
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')) as f:
+    readme = f.read()
+  assert len(printed) == 13 and all(line in readme for line in printed)

@@ -14,6 +14,7 @@ import numpy as np
 
 import helpers
 from transformer_jax import checkpoint, trainer
+from transformer_jax.workdir import Workdir
 
 NUM_STEPS = 4
 # One bucket (8 rows of 32 tokens): a single batch shape, so one compilation per run.
@@ -60,5 +61,5 @@ def test_two_processes_train_like_one(tmp_path):
   assert f'step {NUM_STEPS}/{NUM_STEPS}' in outputs[0]
   assert f'step 1/{NUM_STEPS}' not in outputs[1]
   # Each process saved its own input-iterator state with the shared checkpoint.
-  data_dir = os.path.join(checkpoint.checkpoint_dir(workdir), str(NUM_STEPS), checkpoint.DATA)
+  data_dir = os.path.join(Workdir(workdir).checkpoints, str(NUM_STEPS), checkpoint.DATA)
   assert {'process_0-of-2.json', 'process_1-of-2.json'} <= set(os.listdir(data_dir))

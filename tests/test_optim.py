@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import config_defaults, optim, sharding, steps
+from transformer_jax import config as config_lib
+from transformer_jax import optim, sharding, steps
 
 
 def _train_cfg(**changes) -> ml_collections.ConfigDict:
-  train = config_defaults.base_config().train
+  train = config_lib.base_config().train
   train.update(changes)
   return train
 

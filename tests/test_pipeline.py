@@ -42,13 +42,13 @@ KEPT = set(range(NUM_PAIRS)) - set(TOO_LONG) - set(EMPTY)
 
 @pytest.fixture(scope='module')
 def tokenizer(tmp_path_factory):
-  config = tk.default_tokenizer_config()
+  config = tk.default_config()
   config.vocab_size = 200
-  return tk.load_or_train_tokenizer(config, str(tmp_path_factory.mktemp('run')), PAIRS)
+  return tk.load_or_train_tokenizer(config, str(tmp_path_factory.mktemp('run') / 'spm.model'), PAIRS)
 
 
 def _config(batching, **fields):
-  config = pl.default_pipeline_config()
+  config = pl.default_config()
   config.update({'batching': batching, 'max_length': MAX_LENGTH, 'packed_length': 32,
                  'batch_size': 8, 'tokens_per_batch': 256, 'bucket_boundaries': (8, 16, 24),
                  'batch_multiple': 4, **fields})

@@ -18,8 +18,9 @@ import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from transformer_jax import evaluation  # noqa: E402
-from transformer_jax import trainer  # noqa: E402
+from transformer_jax import cli  # noqa: E402
+from transformer_jax import config as config_lib  # noqa: E402
+from transformer_jax import inference  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 from transformer_jax.tokens import EOS_ID  # noqa: E402
 
@@ -27,7 +28,7 @@ KINDS = {'encoder': ('encoder', 'self_attention'), 'decoder': ('decoder', 'self_
          'cross': ('decoder', 'cross_attention')}
 
 
-def attention_maps(restored: evaluation.Restored, source_ids: list[int], target_ids: list[int]) -> dict:
+def attention_maps(restored: inference.Restored, source_ids: list[int], target_ids: list[int]) -> dict:
   """{kind: [layers, heads, query, key] weights} for one example (ids include EOS)."""
   inputs = jnp.asarray([source_ids], jnp.int32)
   targets = jnp.asarray([target_ids], jnp.int32)
@@ -71,7 +72,7 @@ def plot_sentence(restored, sentence: str, out_dir: str, *, target: str | None =
   tok = restored.tokenizer
   source_ids = tok.encode(sentence) + [EOS_ID]
   if target is None:
-    target = evaluation.translate_lines(restored, [sentence])[0]
+    target = inference.translate_lines(restored, [sentence])[0]
   target_ids = tok.encode(target) + [EOS_ID]
   maps = attention_maps(restored, source_ids, target_ids)
   src_tokens = [tok.id_to_piece(i) for i in source_ids]
@@ -100,8 +101,8 @@ _OUT = flags.DEFINE_string('out', 'attention_maps', 'Output directory for the PN
 def main(argv):
   if len(argv) > 1 or not _WORKDIR.value or not _SENTENCE.value:
     raise app.UsageError('usage: python -m transformer_jax.attention_plots --workdir=DIR --sentence="..."')
-  config = trainer.load_saved_config(_WORKDIR.value)
-  restored = evaluation.restore(config, _WORKDIR.value)
+  config = config_lib.of_run(_WORKDIR.value)
+  restored = inference.restore(config, _WORKDIR.value)
   kinds = tuple(KINDS) if _KIND.value == 'all' else (_KIND.value,)
   layers = None if _LAYER.value is None else [_LAYER.value]
   for path in plot_sentence(restored, _SENTENCE.value, _OUT.value, target=_TARGET.value, kinds=kinds, layers=layers,
@@ -110,4 +111,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

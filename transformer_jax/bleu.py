@@ -7,7 +7,6 @@ text, so the two are not comparable; report both, sacrebleu's with its signature
 """
 
 import re
-from pathlib import Path
 
 from sacrebleu.metrics import BLEU
 
@@ -107,23 +106,3 @@ def tokenized_bleu(hypotheses: list[str], references: list[str], *, split_compou
 
   bleu = BLEU(tokenize="none", smooth_method="none", force=True)
   return bleu.corpus_score([prepare(h) for h in hypotheses], [[prepare(r) for r in references]]).score
-
-
-def write_translations(
-  workdir: str | Path, split: str, sources: list[str], hypotheses: list[str], references: list[str]
-) -> dict[str, Path]:
-  """Writes <workdir>/translations/<split>.{src,hyp,ref}.txt, one sentence per line (UTF-8), so
-  outputs can be inspected and re-scored with other tools; returns {"src"|"hyp"|"ref": path}."""
-  texts = {"src": sources, "hyp": hypotheses, "ref": references}
-  lengths = {kind: len(lines) for kind, lines in texts.items()}
-  if len(set(lengths.values())) != 1:
-    raise ValueError(f"sources, hypotheses and references differ in length: {lengths}")
-  out_dir = Path(workdir) / "translations"
-  out_dir.mkdir(parents=True, exist_ok=True)
-  paths = {}
-  for kind, lines in texts.items():
-    if any("\n" in line or "\r" in line for line in lines):
-      raise ValueError(f"a {kind} sentence contains a line break, which would misalign the files")
-    paths[kind] = out_dir / f"{split}.{kind}.txt"
-    paths[kind].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-  return paths

@@ -1,6 +1,6 @@
 """Checkpoint layout and I/O with orbax.
 
-Layout: `<workdir>/checkpoints/<step>/state` holds {'step', 'params', 'opt_state', 'rng'} (PyTree handler,
+Layout: `<checkpoints>/<step>/state` (`Workdir.checkpoints`) holds {'step', 'params', 'opt_state', 'rng'} (PyTree handler,
 so params alone can be restored onto any mesh), `<step>/data` holds each process's input-iterator state
 (grain's handler, one JSON file per process). Orbax writes each step to a temporary directory and renames
 it when complete, so a crash mid-save leaves the previous step restorable.
@@ -17,27 +17,23 @@ from absl import logging
 STATE, DATA = 'state', 'data'
 
 
-def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
-
-
-def make_manager(workdir: str, *, save_every: int = 1, keep: int | None = None, async_save: bool = True,
+def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None, async_save: bool = True,
                  create: bool = True) -> ocp.CheckpointManager:
+  """An orbax manager over `directory` (a `Workdir.checkpoints`) with the state and data-iterator items."""
   options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=keep, create=create,
                                          enable_async_checkpointing=async_save)
   handlers = {STATE: ocp.PyTreeCheckpointHandler(), DATA: grain.checkpoint.CheckpointHandler()}
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options, item_handlers=handlers)
+  return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
-def open_existing(workdir: str) -> ocp.CheckpointManager:
-  """A read-only manager over a workdir that must already hold checkpoints (evaluation)."""
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f'workdir {workdir} does not exist: pass the --workdir of a training run.')
-  if not os.path.isdir(checkpoint_dir(workdir)):
-    raise FileNotFoundError(f'no checkpoints in {workdir} (expected {checkpoint_dir(workdir)}): train first.')
-  manager = make_manager(workdir, create=False, async_save=False)
+def open_existing(directory: str) -> ocp.CheckpointManager:
+  """A read-only manager over a checkpoint directory that must already hold checkpoints (evaluation)."""
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'no checkpoints in {os.path.dirname(directory)} (expected {directory}): train first '
+                            'or pass the --workdir of a training run.')
+  manager = make_manager(directory, create=False, async_save=False)
   if manager.latest_step() is None:
-    raise FileNotFoundError(f'{checkpoint_dir(workdir)} holds no finished checkpoint: train first.')
+    raise FileNotFoundError(f'{directory} holds no finished checkpoint: train first.')
   return manager
 
 

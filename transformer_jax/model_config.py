@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import ml_collections
 
 from transformer_jax import cpu_backend
 
@@ -102,6 +103,14 @@ class ModelConfig:
     if unknown:
       raise ValueError(f'unknown model config keys {unknown}; valid keys: {sorted(known)}.')
     return cls(**values)
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `model` section: `ModelConfig`'s fields and defaults (d_k and d_v unset: d_model / num_heads)."""
+  config = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+  config.d_k = ml_collections.config_dict.placeholder(int)
+  config.d_v = ml_collections.config_dict.placeholder(int)
+  return config
 
 
 def _check_choice(name, value, choices):

@@ -4,6 +4,7 @@ The model names its axes (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `voc
 them to the mesh axes `data`, `fsdp` and `tensor`, so changing the parallelism is a config change.
 """
 
+import contextlib
 import math
 
 import flax.linen as nn
@@ -30,8 +31,9 @@ DEFAULT_RULES = (
 )
 
 
-def default_mesh_config() -> ml_collections.ConfigDict:
-  """`shape`: ICI axis sizes (-1 fills the remaining devices); `dcn_shape`: axis sizes across slices."""
+def default_config() -> ml_collections.ConfigDict:
+  """The `mesh` section. `shape`: ICI axis sizes (-1 fills the remaining devices); `dcn_shape`: axis sizes across
+  slices; `rules`: logical axis -> mesh axes."""
   return ml_collections.ConfigDict({
       'shape': {'data': -1, 'fsdp': 1, 'tensor': 1},
       'dcn_shape': {'data': 1, 'fsdp': 1, 'tensor': 1},
@@ -56,6 +58,36 @@ def resolve_shape(shape: dict, num_devices: int, what: str = 'mesh.shape') -> tu
     raise ValueError(f'{what}={dict(shape)} uses {math.prod(sizes)} devices but {num_devices} are available; '
                      f'set the sizes to multiply to {num_devices} or use -1 for one axis.')
   return tuple(sizes)
+
+
+def validate(mesh_config: ml_collections.ConfigDict, model) -> None:
+  """Axis names, -1s and rules; with fixed sizes, that the sharded parameter dimensions of `model` (a
+  ModelConfig) divide. The device count is checked when the mesh is made."""
+  resolve_shape(mesh_config.shape, _any_count(mesh_config.shape))
+  resolve_shape(mesh_config.dcn_shape, _any_count(mesh_config.dcn_shape), 'mesh.dcn_shape')
+  rules = rules_from_config(mesh_config)
+  sizes = {axis: mesh_config.shape.get(axis, 1) * mesh_config.dcn_shape.get(axis, 1)
+           if mesh_config.shape.get(axis, 1) > 0 and mesh_config.dcn_shape.get(axis, 1) > 0 else None
+           for axis in MESH_AXES}
+  dims = {'embed': ('model.d_model', model.d_model), 'heads': ('model.num_heads', model.num_heads),
+          'mlp': ('model.d_ff', model.d_ff), 'vocab': ('model.vocab_size', model.vocab_size),
+          'kv': ('model.d_k', model.head_dim_k)}
+  for logical, mesh_axes in rules:
+    if logical not in dims or mesh_axes is None:
+      continue
+    axes = mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)
+    if any(sizes[axis] is None for axis in axes):
+      continue  # a -1 axis: its size is known only on the machine
+    shards = math.prod(sizes[axis] for axis in axes)
+    key, size = dims[logical]
+    if size % shards:
+      raise ValueError(f'{key}={size} does not divide over the {shards} devices of mesh axes {list(axes)} '
+                       f"(mesh.rules shard '{logical}' over them): change {key} or the mesh.")
+
+
+def _any_count(shape) -> int:
+  """A device count that a mesh shape can fill (checks the axis names and -1s, not the machine)."""
+  return math.prod(size if size > 0 else 1 for size in shape.values())
 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
@@ -86,6 +118,13 @@ def rules_from_config(mesh_config: ml_collections.ConfigDict) -> tuple:
   return tuple(rules)
 
 
+@contextlib.contextmanager
+def activate(mesh: Mesh, rules):
+  """Traces and runs under `mesh` with the logical-axis `rules` (what every jitted step of the project needs)."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
 def logical_shardings(abstract_tree, mesh: Mesh, rules) -> object:
   """NamedShardings for a tree of (possibly nn.LogicallyPartitioned) abstract values; others replicated."""
   specs = nn.get_partition_spec(abstract_tree)
@@ -105,6 +144,18 @@ def check_batch_divisible(global_batch: int, mesh: Mesh, what: str):
   if global_batch % size:
     raise ValueError(f'{what}: a global batch of {global_batch} rows does not divide over the {size} data-parallel '
                      f'devices (mesh data × fsdp); use a multiple of {size}.')
+
+
+def check_batches(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+  """Every batch size of a run against the mesh, before anything compiles: training rows (packed batch size or
+  the token-budget row multiple), teacher-forced evaluation and decoding."""
+  pipe = config.pipeline
+  if pipe.batching == 'packed':
+    check_batch_divisible(pipe.batch_size, mesh, 'pipeline.batch_size')
+  else:
+    check_batch_divisible(pipe.batch_multiple, mesh, 'pipeline.batch_multiple')
+  check_batch_divisible(config.eval.batch_size, mesh, 'eval.batch_size')
+  check_batch_divisible(config.decode.batch_size, mesh, 'decode.batch_size')
 
 
 def place_batch(batch: dict, mesh: Mesh) -> dict:

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import optax
 
 from transformer_jax import metrics as metrics_lib
+from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
 from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 
 
 @flax.struct.dataclass
@@ -60,8 +62,6 @@ def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules):
 def create_sharded_state(model, tx, seed, batch_shape, mesh, rules) -> tuple[TrainState, TrainState]:
   """The initial state, created directly in its sharded layout (no full copy on any one device)."""
   _, shardings = abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules)
-  # No logical-rules context here: out_shardings places the params, and flax's DenseGeneral would apply
-  # its multi-axis names to the flattened kernel it initialises.
   state = jax.jit(lambda: nn.unbox(init_state(model, tx, seed, batch_shape)), out_shardings=shardings)()
   return state, shardings
 
@@ -123,3 +123,24 @@ def eval_step(params, batch: dict, *, model: Transformer, smoothing: float) -> d
   """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off."""
   logits = model.apply({'params': params}, **model_inputs(batch), deterministic=True)
   return metrics_lib.token_metrics(logits, batch['targets'], smoothing, cpu_kernels=model.config.use_cpu_kernels)
+
+
+def training_objects(config) -> tuple[Transformer, optax.GradientTransformation, optax.Schedule]:
+  """The model, optimizer and learning-rate schedule of a run's config."""
+  model = Transformer(ModelConfig.from_dict(config.model))
+  d_model = model.config.d_model
+  return model, optim.make_optimizer(config.train, d_model), optim.make_schedule(config.train, d_model)
+
+
+def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, donate: bool = True):
+  """`train_step` jitted: the state keeps its shardings (and is donated), the batch is split over data × fsdp."""
+  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                           smoothing=train_config.label_smoothing, grad_accum_steps=train_config.grad_accum_steps)
+  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+                 out_shardings=(state_shardings, None), donate_argnums=0 if donate else ())
+
+
+def jit_eval_step(model, smoothing: float, params_shardings, mesh):
+  """`eval_step` jitted over params with their shardings and a batch split over data × fsdp."""
+  return jax.jit(functools.partial(eval_step, model=model, smoothing=smoothing),
+                 in_shardings=(params_shardings, sharding.batch_sharding(mesh)))

@@ -46,14 +46,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
-from transformer_jax import config_cli
-from transformer_jax import config_defaults
+from transformer_jax import config as config_lib
+from transformer_jax.workdir import Workdir
 
 CONFIG_ARG = 'config_arg'
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
-RESULTS_FILE = 'results.json'  # written by the final evaluation of train.py
-METRICS_FILE = 'metrics.jsonl'
-LOG_FILE = 'sweep.log'  # <root>/sweep.log: what the runner did; <root>/<name>/train.log: train.py's output
+LOG_FILE = 'sweep.log'  # <root>/sweep.log: what the runner did; each variant's train.py output: Workdir.train_log
 RESULT_COLUMNS = ('status', 'step', 'train_loss', 'eval_loss', 'bleu', 'tokenized_bleu', 'test_loss', 'params',
                   'steps_per_second')
 
@@ -203,22 +201,11 @@ def config_spec(base: str, variant: Variant) -> str:
 
 
 def variant_config(base: str, variant: Variant) -> ml_collections.ConfigDict:
-  """The variant's full config, validated as train.py will (unknown keys and bad values fail here)."""
-  config = config_cli.load_config_file(config_spec(base, variant))
-  config.lock()  # as train.py's --config: overrides can change fields, not add them
-  for key in variant.overrides:
-    unknown = config_cli.unknown_key_message(config, key)
-    if unknown:
-      raise ValueError(f'variant {variant.name}: {key}: {unknown}')
+  """The variant's full config, loaded and validated as train.py will (unknown keys and bad values fail here)."""
   try:
-    config.update_from_flattened_dict(variant.overrides)
-  except (KeyError, TypeError, AttributeError) as e:
-    raise ValueError(f'variant {variant.name}: cannot apply {variant.overrides}: {e}') from None
-  try:
-    config_defaults.validate(config, data_paths=False)
+    return config_lib.load(config_spec(base, variant), variant.overrides)
   except ValueError as e:
     raise ValueError(f'variant {variant.name}: {e}') from None
-  return config
 
 
 def _flag_value(key: str, value) -> str:
@@ -256,7 +243,7 @@ def read_metrics(workdir: str) -> list[dict]:
   """The lines of metrics.jsonl that parse (a killed run may leave a partial last line)."""
   records = []
   try:
-    with open(os.path.join(workdir, METRICS_FILE), encoding='utf-8') as f:
+    with open(Workdir(workdir).metrics_file, encoding='utf-8') as f:
       for line in f:
         try:
           record = json.loads(line)
@@ -272,7 +259,7 @@ def read_metrics(workdir: str) -> list[dict]:
 def latest_checkpoint(workdir: str) -> int | None:
   """The latest finished checkpoint step (orbax renames a step's directory to its number when complete)."""
   try:
-    steps = [int(name) for name in os.listdir(os.path.join(workdir, 'checkpoints')) if name.isdigit()]
+    steps = [int(name) for name in os.listdir(Workdir(workdir).checkpoints) if name.isdigit()]
   except OSError:
     return None
   return max(steps, default=None)
@@ -280,7 +267,7 @@ def latest_checkpoint(workdir: str) -> int | None:
 
 def final_results(workdir: str, num_steps: int) -> dict | None:
   """results.json if the run is finished: it exists and is the evaluation of step num_steps."""
-  results = _read_json(os.path.join(workdir, RESULTS_FILE))
+  results = _read_json(Workdir(workdir).final_results_file)
   if results is None:
     return None
   step = results.get('step')
@@ -327,7 +314,7 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
     log(f'{tag}: resuming from checkpoint {latest}' if latest is not None else f'{tag}: starting')
     args = command(base, variant, root, python, train_py)
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'train.log'), 'a', encoding='utf-8') as train_log:
+    with open(Workdir(workdir).train_log, 'a', encoding='utf-8') as train_log:
       train_log.write(f'$ {shlex.join(args)}\n')
       train_log.flush()
       process = subprocess.Popen(args, stdout=train_log, stderr=subprocess.STDOUT)
@@ -341,8 +328,8 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
       log(f'{tag}: finished')
       outcome[variant.name] = 'finished'
     else:
-      reason = f'exit code {returncode}' if returncode else f'no {RESULTS_FILE} for step {num_steps}'
-      log(f'{tag}: failed ({reason}); see {os.path.join(workdir, "train.log")}')
+      reason = f'exit code {returncode}' if returncode else f'no final results for step {num_steps}'
+      log(f'{tag}: failed ({reason}); see {Workdir(workdir).train_log}')
       outcome[variant.name] = f'failed: {reason}'
   return outcome
 

@@ -9,10 +9,10 @@ import sys
 from absl import app
 from absl import flags
 
-from transformer_jax import config_cli
-from transformer_jax import evaluation
-from transformer_jax import metric_writer
-from transformer_jax import trainer
+from transformer_jax import cli
+from transformer_jax import config as config_lib
+from transformer_jax import inference
+from transformer_jax import reporting
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
@@ -26,15 +26,14 @@ _BATCH = flags.DEFINE_integer('batch_size', 32, 'Sentences translated at once.')
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; text comes on standard input.')
-  metric_writer.quiet_library_logs()
-  with config_cli.exit_on_user_error(ValueError, OSError):
-    config = trainer.load_saved_config(_WORKDIR.value)
-    restored = evaluation.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
-    lines = sys.stdin.read().splitlines()
-    translations = evaluation.translate_lines(restored, lines, method=_METHOD.value, beam_size=_BEAM.value,
-                                              batch_size=_BATCH.value, truncate=_TRUNCATE.value)
+  reporting.quiet_library_logs()
+  config = config_lib.of_run(_WORKDIR.value)
+  restored = inference.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
+  lines = sys.stdin.read().splitlines()
+  translations = inference.translate_lines(restored, lines, method=_METHOD.value, beam_size=_BEAM.value,
+                                           batch_size=_BATCH.value, truncate=_TRUNCATE.value)
   sys.stdout.write(''.join(t + '\n' for t in translations))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -2,7 +2,7 @@
 
 python sweep.py --sweep=configs/sweeps/table3_runlocal.py --workdir=/tmp/table3_runlocal
 
-The rows come from `transformer_jax.table3.VARIANTS` through the config argument of
+The rows come from `configs.table3.VARIANTS` through the config argument of
 `configs/wmt14_ende_base.py` (e.g. `:A_h16,runlocal`), so each run changes only what the paper changes,
 at runlocal's scale (width / 16, depth / 2, heads kept). Like Table 3, BLEU is on the validation split
 without checkpoint averaging. Rerunning the command skips finished rows and resumes interrupted ones;
@@ -10,7 +10,7 @@ the table is in results.md and results.csv under --workdir.
 """
 
 from transformer_jax import sweep
-from transformer_jax.table3 import VARIANTS
+from configs.table3 import VARIANTS
 
 CONFIG = 'configs/wmt14_ende_base.py:runlocal'
 

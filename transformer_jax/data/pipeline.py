@@ -50,8 +50,8 @@ BATCHINGS = ('packed', 'token_budget')
 Example = dict[str, Any]  # 'inputs', 'targets': int32 token ids incl. EOS; 'index' (train only)
 
 
-def default_pipeline_config() -> ml_collections.ConfigDict:
-  """Defaults: packed rows of 256 tokens, 128 rows (~25k real tokens per side, like the paper)."""
+def default_config() -> ml_collections.ConfigDict:
+  """The `pipeline` section: packed rows of 256 tokens, 128 rows (~25k real tokens per side, like the paper)."""
   return ml_collections.ConfigDict({
       'batching': 'packed',  # 'packed' or 'token_budget'
       'max_length': 256,  # longest sentence kept for training, in tokens incl. EOS
@@ -212,6 +212,18 @@ class _BucketBatchIterDataset(grain.IterDataset):
                                 self._batch_sizes)
 
 
+def validate(config: ml_collections.ConfigDict, process_count: int = 1) -> None:
+  """Batching mode, lengths and batch sizes of the `pipeline` section, for `process_count` hosts."""
+  if config.batching not in BATCHINGS:
+    raise ValueError(f'pipeline.batching={config.batching!r}; set it to one of {BATCHINGS}.')
+  if config.max_length < 2:
+    raise ValueError(f'pipeline.max_length={config.max_length}; set it to >= 2 (a token + EOS).')
+  if config.batching == 'packed':
+    _packed_rows(config, process_count)
+  else:
+    bucket_batch_sizes(config, process_count)
+
+
 def _check_hosts(process_index: int, process_count: int):
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index={process_index} is not in [0, process_count={process_count});'
@@ -277,10 +289,7 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
   rows). Drop counts go to `filter_stats` if given. See the module docstring for layouts.
   """
   _check_hosts(process_index, process_count)
-  if config.batching not in BATCHINGS:
-    raise ValueError(f'pipeline.batching={config.batching!r}; set it to one of {BATCHINGS}.')
-  if config.max_length < 2:
-    raise ValueError(f'pipeline.max_length={config.max_length}; set it to >= 2 (a token + EOS).')
+  validate(config, process_count)
   packed = config.batching == 'packed'
   source = grain.MapDataset.source(pairs)
   if packed:

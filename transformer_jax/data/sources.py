@@ -3,7 +3,7 @@
 `load_split(data_config, split)` returns a *source split*: a random-access sequence of
 `(source, target)` str pairs (`len(x)`, `x[i]` for an int i), deterministic and cheap to index.
 
-Fields of `data_config` (an `ml_collections.ConfigDict`; `default_data_config()` gives them all):
+Fields of `data_config` (the config's `data` section; `default_config()` gives them all, `validate` checks them):
 
 * `source`: where pairs come from: 'builtin' | 'tfds' | 'files'.
 * `builtin_seed`, `builtin_train_size`, `builtin_eval_size` ('builtin'): seed and sizes of the
@@ -11,7 +11,7 @@ Fields of `data_config` (an `ml_collections.ConfigDict`; `default_data_config()`
   each. Splits: 'train', 'validation', 'test'.
 * `tfds_name` ('tfds'): a tfds dataset with a `Translation` feature, with config, e.g.
   'wmt14_translate/de-en'. It must have been prepared in ArrayRecord format beforehand (see
-  `prepare_tfds.py`); it is read with `as_data_source`, so TensorFlow is not needed. Splits: those
+  `transformer_jax/prepare_tfds.py`); it is read with `as_data_source`, so TensorFlow is not needed. Splits: those
   of the dataset, with tfds slicing ('train[:10%]').
 * `tfds_data_dir` ('tfds'): the tfds data directory; None means tfds' default ($TFDS_DATA_DIR or
   ~/tensorflow_datasets).
@@ -19,7 +19,8 @@ Fields of `data_config` (an `ml_collections.ConfigDict`; `default_data_config()`
   feature, e.g. 'en' -> 'de'.
 * `files` ('files'): split name -> `{'source': path, 'target': path}` (two aligned plain-text
   files, one sentence per line) or `{'tsv': path}` (one file, `source<TAB>target` per line); keys
-  left None are ignored. Files must be UTF-8 (strict: an invalid byte is an error naming file and
+  left None are ignored. The default config has empty entries for train, validation and test, so
+  `--config.data.files.train.source=PATH` works on any config. Files must be UTF-8 (strict: an invalid byte is an error naming file and
   line, never replaced); a leading BOM and surrounding whitespace (including '\\r') are dropped;
   pairs with an empty side are skipped, counted in `skipped_empty` of the split and logged. A TSV
   line that is not blank must hold exactly one tab.
@@ -41,10 +42,12 @@ import ml_collections
 from transformer_jax.data import builtin_corpus
 
 SOURCES = ('builtin', 'tfds', 'files')
+FILE_SPLITS = ('train', 'validation', 'test')  # the `files` entries of the default config
+_FILE_KEYS = ('source', 'target', 'tsv')
 
 
-def default_data_config() -> ml_collections.ConfigDict:
-  """All data-source fields with their defaults: the built-in corpus."""
+def default_config() -> ml_collections.ConfigDict:
+  """The `data` section: the built-in corpus, and empty `files` entries to fill from the command line."""
   return ml_collections.ConfigDict({
       'source': 'builtin',
       'builtin_seed': 0,
@@ -54,8 +57,22 @@ def default_data_config() -> ml_collections.ConfigDict:
       'tfds_data_dir': ml_collections.config_dict.placeholder(str),
       'source_lang': 'en',
       'target_lang': 'de',
-      'files': ml_collections.ConfigDict(),
+      'files': {split: {key: ml_collections.config_dict.placeholder(str) for key in _FILE_KEYS}
+                for split in FILE_SPLITS},
   })
+
+
+def validate(data_config: ml_collections.ConfigDict, splits: Sequence[str], *, paths: bool = True) -> None:
+  """The source is known and, for 'files' (when `paths`), each of `splits` names its files."""
+  _check_source(data_config)
+  if data_config.source == 'files' and paths:
+    for split in dict.fromkeys(splits):
+      _file_paths(data_config, split)
+
+
+def _check_source(data_config: ml_collections.ConfigDict) -> None:
+  if data_config.source not in SOURCES:
+    raise ValueError(f'data.source={data_config.source!r} is not one of {SOURCES}.')
 
 
 class PairSequence(collections.abc.Sequence):
@@ -84,10 +101,8 @@ def load_split(data_config: ml_collections.ConfigDict, split: str) -> Sequence[t
 
   'builtin' and 'files' splits are `PairSequence`s (with `skipped_empty`); 'tfds' ones `TfdsPairs`.
   """
+  _check_source(data_config)
   loaders = {'builtin': _load_builtin, 'tfds': _load_tfds, 'files': _load_files}
-  if data_config.source not in loaders:
-    raise ValueError(f'unknown data source {data_config.source!r}: set data config key source '
-                     f'to one of {SOURCES}')
   return loaders[data_config.source](data_config, split)
 
 
@@ -119,7 +134,7 @@ def import_tfds() -> Any:
 
 def prepare_command(name: str, data_dir: str) -> str:
   """The shell command that prepares `name` for `load_split`, and what it runs."""
-  return (f'python -m transformer_jax.data.prepare_tfds --name={name} --data_dir={data_dir}  '
+  return (f'python -m transformer_jax.prepare_tfds --name={name} --data_dir={data_dir}  '
           f'(which runs: tfds build {name} --file_format=array_record --data_dir={data_dir})')
 
 
@@ -149,7 +164,7 @@ def _text(value: str | bytes) -> str:
 def _load_tfds(data_config: ml_collections.ConfigDict, split: str) -> TfdsPairs:
   tfds = import_tfds()
   name = data_config.tfds_name
-  builder = _tfds_builder(tfds, name, data_config.tfds_data_dir)
+  builder = tfds_builder(name, data_config.tfds_data_dir)
   features = builder.info.features
   languages = sorted(features.keys()) if isinstance(features, tfds.features.FeaturesDict) else []
   for key in ('source_lang', 'target_lang'):
@@ -163,8 +178,9 @@ def _load_tfds(data_config: ml_collections.ConfigDict, split: str) -> TfdsPairs:
   return TfdsPairs(data_source, data_config.source_lang, data_config.target_lang)
 
 
-def _tfds_builder(tfds: Any, name: str, data_dir: str | None) -> Any:
-  """`tfds.builder(name)`, or a one-line error suggesting close dataset or config names."""
+def tfds_builder(name: str, data_dir: str | None) -> Any:
+  """`tfds.builder(name)` for ArrayRecord files, or a one-line error suggesting close dataset or config names."""
+  tfds = import_tfds()
   dataset = name.split('/')[0]
   try:
     return tfds.builder(name, data_dir=data_dir, file_format='array_record')
@@ -198,10 +214,21 @@ def _tfds_failure(builder: Any, name: str, split: str, error: Exception) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
+def _file_paths(data_config: ml_collections.ConfigDict, split: str) -> dict[str, str]:
+  """{'source': path, 'target': path} or {'tsv': path} of a split, or a one-line error saying what to pass."""
   entry = data_config.files.get(split)
   is_mapping = hasattr(entry, 'items')
   paths = {k: v for k, v in entry.items() if v is not None} if is_mapping else {}
+  if set(paths) in ({'source', 'target'}, {'tsv'}):
+    return paths
+  hint = (f'pass --config.data.files.{split}.source=PATH --config.data.files.{split}.target=PATH '
+                 f'(or --config.data.files.{split}.tsv=PATH)')
+  raise ValueError(f"data.source='files' needs data.files.{split}.source and .target (or .tsv), got "
+                   f'{sorted(paths) if is_mapping else repr(entry)}: {hint}.')
+
+
+def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
+  paths = _file_paths(data_config, split)
   key = f'files.{split}'
   if set(paths) == {'source', 'target'}:
     source_lines = _read_lines(paths['source'], f'{key}.source')
@@ -211,14 +238,9 @@ def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSeque
                        f'has {len(target_lines)}; aligned files need one sentence per line each')
     description = f'{paths["source"]} + {paths["target"]}'
     pairs = zip(source_lines, target_lines)
-  elif set(paths) == {'tsv'}:
+  else:
     description = paths['tsv']
     pairs = _split_tsv(_read_lines(paths['tsv'], f'{key}.tsv'), paths['tsv'])
-  else:
-    found = sorted(paths) if is_mapping else repr(entry)
-    raise ValueError(f'data config key {key} must be {{source: path, target: path}} or '
-                     f'{{tsv: path}}; it has {found} (configured splits: '
-                     f'{sorted(data_config.files.keys())})')
   sources, targets, skipped = _drop_empty(pairs)
   if skipped:
     logging.warning('%s: skipped %d pairs with an empty side', description, skipped)

@@ -1,7 +1,7 @@
 """SentencePiece tokenizer with one vocabulary shared by source and target (paper §5.1).
 
 The model is trained once from a seeded, bounded sample of the training pairs (both sides),
-saved atomically under `<workdir>/tokenizer/spm.model`, and reused from there by later runs
+saved atomically in the workdir (`Workdir.tokenizer_model`), and reused from there by later runs
 and by evaluation, so training, restarts and evaluation all see the same ids.
 """
 
@@ -11,10 +11,12 @@ import re
 import tempfile
 from collections.abc import Iterator, Sequence
 
+import jax
 import ml_collections
 import numpy as np
 import sentencepiece as spm
 from absl import logging
+from jax.experimental import multihost_utils
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
@@ -24,8 +26,8 @@ _MODEL_TYPE_NAMES = {sentencepiece_model_pb2.TrainerSpec.BPE: 'bpe',
                      sentencepiece_model_pb2.TrainerSpec.UNIGRAM: 'unigram'}
 
 
-def default_tokenizer_config() -> ml_collections.ConfigDict:
-  """Defaults: BPE as in the paper, a vocabulary that trains in seconds on ~100k pairs."""
+def default_config() -> ml_collections.ConfigDict:
+  """The `tokenizer` section: BPE as in the paper, a vocabulary that trains in seconds on ~100k pairs."""
   return ml_collections.ConfigDict({
       'vocab_size': 8000,  # number of pieces incl. the 4 reserved ids; WMT configs use 37000
       'model_type': 'bpe',  # 'bpe' (paper) or 'unigram'
@@ -33,11 +35,6 @@ def default_tokenizer_config() -> ml_collections.ConfigDict:
       'seed': 0,  # seeds the choice of the training sample
       'character_coverage': 1.0,  # keep every character seen in the sample
   })
-
-
-def tokenizer_path(workdir: str) -> str:
-  """Where the SentencePiece model of a run lives."""
-  return os.path.join(workdir, 'tokenizer', 'spm.model')
 
 
 class Tokenizer:
@@ -88,7 +85,7 @@ def _sample_sentences(train_pairs: Sequence[tuple[str, str]], sample_size: int,
     yield target
 
 
-def _validate_config(config: ml_collections.ConfigDict):
+def validate(config: ml_collections.ConfigDict):
   if config.model_type not in MODEL_TYPES:
     raise ValueError(f'tokenizer.model_type={config.model_type!r}; set it to one of {MODEL_TYPES}.')
   if config.vocab_size <= NUM_RESERVED:
@@ -101,7 +98,7 @@ def _validate_config(config: ml_collections.ConfigDict):
 def train_tokenizer(config: ml_collections.ConfigDict,
                     train_pairs: Sequence[tuple[str, str]]) -> bytes:
   """Trains a SentencePiece model on a sample of both sides of `train_pairs`; returns its bytes."""
-  _validate_config(config)
+  validate(config)
   if len(train_pairs) == 0:
     raise ValueError('Cannot train a tokenizer on an empty training split; check the data config.')
   model = io.BytesIO()
@@ -141,16 +138,14 @@ def _read_tokenizer(path: str) -> Tokenizer:
     return Tokenizer(f.read(), path)
 
 
-def load_or_train_tokenizer(config: ml_collections.ConfigDict, workdir: str,
+def load_or_train_tokenizer(config: ml_collections.ConfigDict, path: str,
                             train_pairs: Sequence[tuple[str, str]]) -> Tokenizer:
-  """Loads `<workdir>/tokenizer/spm.model`, or trains and saves it first if it does not exist.
+  """Loads the SentencePiece model at `path`, or trains and saves it there first if it does not exist.
 
   A saved model whose vocab_size or model_type differs from `config` is an error (the ids a
-  checkpoint was trained with must not change). In multi-host runs call this on one process
-  first (the others then load), so the hosts do not train concurrently.
+  checkpoint was trained with must not change). Multi-host runs use `for_training`.
   """
-  _validate_config(config)
-  path = tokenizer_path(workdir)
+  validate(config)
   if os.path.exists(path):
     tokenizer = _read_tokenizer(path)
     saved = (tokenizer.vocab_size, tokenizer.model_type)
@@ -169,9 +164,21 @@ def load_or_train_tokenizer(config: ml_collections.ConfigDict, workdir: str,
   return Tokenizer(model_proto, path)
 
 
-def load_tokenizer(workdir: str) -> Tokenizer:
-  """Loads the tokenizer a training run saved in `workdir` (for evaluation and decoding)."""
-  path = tokenizer_path(workdir)
+def for_training(config: ml_collections.ConfigDict, path: str, train_pairs: Sequence[tuple[str, str]],
+                 model_vocab_size: int) -> Tokenizer:
+  """`load_or_train_tokenizer` on process 0 while the other processes wait, then load what it saved."""
+  if jax.process_index() == 0:
+    tokenizer = load_or_train_tokenizer(config, path, train_pairs)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('tokenizer ready')
+  if jax.process_index() != 0:
+    tokenizer = load_tokenizer(path)
+  check_vocab_size(tokenizer, model_vocab_size)
+  return tokenizer
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+  """Loads the tokenizer a training run saved (`Workdir.tokenizer_model`) for evaluation and decoding."""
   if not os.path.exists(path):
     raise FileNotFoundError(f'No tokenizer at {path}; train first (training creates it) or pass'
                             ' the workdir of a training run.')

@@ -1,14 +1,11 @@
-"""Evaluation: restore (or average) params onto any mesh, translate a split with beam search, score BLEU.
+"""Inference: restore (or average) params onto any mesh, and translate with beam search, greedy or sampling.
 
-Used by `eval.py`, by `train.py` at the end of a run, by `transformer_jax.translate`, and by the sweep runner
-(through `results.json`).
+Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate` and by
+`transformer_jax.attention_plots`. Never imports the training loop.
 """
 
-import contextlib
 import dataclasses
 import functools
-import json
-import os
 
 import flax.linen as nn
 import jax
@@ -18,18 +15,35 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer_jax import bleu
 from transformer_jax import checkpoint
 from transformer_jax import decoding
 from transformer_jax import sharding
-from transformer_jax import steps
-from transformer_jax import trainer
 from transformer_jax.data import pipeline
-from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import EOS_ID
+from transformer_jax.workdir import Workdir
+
+METHODS = ('beam', 'greedy', 'sample')
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `decode` section: the paper's beam search (§6.1)."""
+  return ml_collections.ConfigDict({
+      'beam_size': 4,
+      'alpha': 0.6,  # length penalty ((5 + length) / 6) ** alpha
+      'max_len_offset': 50,  # max output length = input length + this (§6.1)
+      'batch_size': 64,  # sentences decoded at once (global)
+  })
+
+
+def validate(decode: ml_collections.ConfigDict) -> None:
+  for key, low in (('beam_size', 1), ('max_len_offset', 0), ('batch_size', 1)):
+    if decode[key] < low:
+      raise ValueError(f'decode.{key} must be >= {low}, got {decode[key]}.')
+  if decode.alpha < 0:
+    raise ValueError(f'decode.alpha must be >= 0 (beam search stops early only then), got {decode.alpha}.')
 
 
 @dataclasses.dataclass
@@ -44,26 +58,9 @@ class Restored:
   rules: tuple
   steps: list[int]  # the checkpoint step(s) the params come from (several when averaged)
 
-  @contextlib.contextmanager
   def on_mesh(self):
     """Traces and runs under this mesh with the logical-axis rules, as training does."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      yield
-
-
-def check_same_model(config, saved) -> None:
-  """The model section of `config` must be the one the workdir was trained with."""
-  given, trained = config.model.to_dict(), saved.model.to_dict()
-  differ = sorted(k for k in set(given) | set(trained) if given.get(k) != trained.get(k) and k not in _RUNTIME_KEYS)
-  if differ:
-    raise ValueError('the workdir was trained with another model config: ' + ', '.join(
-        f'model.{k}={trained.get(k)!r} (given {given.get(k)!r})' for k in differ)
-        + '; pass the --config it was trained with.')
-
-
-# Model fields that may differ between training and inference (same parameters, other computation).
-_RUNTIME_KEYS = ('attention', 'attention_chunk_size', 'remat', 'dtype', 'dropout', 'attention_dropout',
-                 'relu_dropout')
+    return sharding.activate(self.mesh, self.rules)
 
 
 def inference_mesh(config) -> jax.sharding.Mesh:
@@ -84,12 +81,13 @@ def abstract_params(model: Transformer, mesh, rules):
 def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,
             mesh=None) -> Restored:
   """Params of the latest (or given) step, or the average of the last `average_last` checkpoints."""
-  tok = tokenizer_lib.load_tokenizer(workdir)
+  run_dir = Workdir(workdir)
+  tok = tokenizer_lib.load_tokenizer(run_dir.tokenizer_model)
   tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
   model = Transformer(ModelConfig.from_dict(config.model))
   mesh = mesh or inference_mesh(config)
   rules = sharding.rules_from_config(config.mesh)
-  manager = checkpoint.open_existing(workdir)
+  manager = checkpoint.open_existing(run_dir.checkpoints)
   target = abstract_params(model, mesh, rules)
   if average_last:
     chosen = checkpoint.last_steps(manager, average_last)
@@ -97,7 +95,7 @@ def restore(config, workdir: str, *, step: int | None = None, average_last: int 
   else:
     chosen = [manager.latest_step() if step is None else step]
     if chosen[0] not in manager.all_steps():
-      raise ValueError(f'no checkpoint of step {step} in {checkpoint.checkpoint_dir(workdir)}; '
+      raise ValueError(f'no checkpoint of step {step} in {run_dir.checkpoints}; '
                        f'available steps: {sorted(manager.all_steps())}.')
     params = checkpoint.restore_params(manager, chosen[0], target)
   manager.close()
@@ -106,12 +104,14 @@ def restore(config, workdir: str, *, step: int | None = None, average_last: int 
 
 
 def save_averaged(restored: Restored, workdir: str) -> str:
-  """Writes averaged params as a params-only checkpoint under <workdir>/averaged/<last step>."""
-  manager = checkpoint.make_manager(os.path.join(workdir, 'averaged'), async_save=False)
+  """Writes averaged params as a params-only checkpoint in the workdir's `averaged` checkpoints (at the last
+  averaged step); returns its directory."""
+  directory = Workdir(workdir).averaged.checkpoints
+  manager = checkpoint.make_manager(directory, async_save=False)
   checkpoint.save(manager, restored.steps[-1], {'params': restored.params}, force=True)
   manager.wait_until_finished()
   manager.close()
-  return os.path.join(checkpoint.checkpoint_dir(os.path.join(workdir, 'averaged')), str(restored.steps[-1]))
+  return f'{directory}/{restored.steps[-1]}'
 
 
 def _cached_logits_fn(model: Transformer, params, encoded, inputs, max_decode_len):
@@ -166,7 +166,7 @@ def generate(params, inputs, rng, *, model: Transformer, method: str = 'beam', b
     tokens = decoding.sample(logits_fn, cache, batch, rng, max_decode_len=max_decode_len, temperature=temperature,
                              top_k=top_k, top_p=top_p)
   else:
-    raise ValueError(f"unknown decoding method {method!r}: use 'beam', 'greedy' or 'sample'.")
+    raise ValueError(f'unknown decoding method {method!r}: use one of {METHODS}.')
   return tokens[:, None], jnp.zeros((batch, 1), jnp.float32)
 
 
@@ -227,66 +227,3 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
     for i, ids in translate_batches(restored, batches, decode_cfg, method):
       out[keep[i]] = restored.tokenizer.decode(ids)
   return out
-
-
-def teacher_forced_metrics(restored: Restored, pairs) -> dict:
-  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over every pair."""
-  eval_fn = jax.jit(functools.partial(steps.eval_step, model=restored.model,
-                                      smoothing=restored.config.train.label_smoothing))
-  with restored.on_mesh():
-    return trainer.evaluate(restored.config, restored.params, eval_fn, pairs, restored.tokenizer, restored.mesh)
-
-
-def results_path(workdir: str, split: str, test_split: str) -> str:
-  return os.path.join(workdir, 'results.json' if split == test_split else f'results_{split}.json')
-
-
-def evaluate_split(restored: Restored, workdir: str, split: str) -> dict:
-  """Loss, perplexity, accuracy and BLEU (sacrebleu and the paper's tokenized BLEU) on a split.
-
-  Writes the translations and references under <workdir>/translations and the numbers to results*.json.
-  """
-  config = restored.config
-  pairs = sources.load_split(config.data, split)
-  scores = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
-  hypotheses = translate_pairs(restored, pairs, config.decode)
-  sources_text = [src for src, _ in pairs]
-  references = [tgt for _, tgt in pairs]
-  sacre, signature = bleu.sacrebleu_corpus(hypotheses, references)
-  tokenized = bleu.tokenized_bleu(hypotheses, references, split_compounds=config.data.target_lang == 'de')
-  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split, 'bleu': sacre,
-             'bleu_signature': signature, 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
-             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
-             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, **scores}
-  if jax.process_index() == 0:
-    paths = bleu.write_translations(workdir, split, sources_text, hypotheses, references)
-    results['translations'] = {k: str(v) for k, v in paths.items()}
-    with open(results_path(workdir, split, config.eval.test_split), 'w') as f:
-      json.dump(results, f, indent=2)
-  results['samples'] = list(zip(sources_text, hypotheses, references))
-  return results
-
-
-def describe(results: dict, num_samples: int) -> str:
-  """A short human-readable report of `evaluate_split`'s results."""
-  split = results['split']
-  lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
-           f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
-           f'perplexity {results[f"{split}_perplexity"]:.3f}, accuracy {results[f"{split}_accuracy"]:.3f} '
-           f'on {results["num_sentences"]} sentences; params of step(s) {results["averaged_steps"]}']
-  for src, hyp, ref in results['samples'][:num_samples]:
-    lines += [f'  source:    {src}', f'  output:    {hyp}', f'  reference: {ref}']
-  return '\n'.join(lines)
-
-
-def final_report(config, workdir: str) -> dict:
-  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU."""
-  manager = checkpoint.open_existing(workdir)
-  available = len(manager.all_steps())
-  manager.close()
-  average = min(config.eval.average_last, available)
-  restored = restore(config, workdir, average_last=average if average > 1 else None)
-  results = evaluate_split(restored, workdir, config.eval.test_split)
-  if jax.process_index() == 0:
-    print(describe(results, config.eval.num_samples), flush=True)
-  return results

@@ -1,7 +1,8 @@
 """The paper's Table 3 variants as config overrides of the base model, and their parameter counts.
 
-One source of truth: `configs/wmt14_ende_base.py` builds its named variants from `VARIANTS`, and
-`python -m transformer_jax.table3` prints the parameter table kept in the README.
+One source of truth: `configs/wmt14_ende_base.py` builds its named variants from `VARIANTS`,
+`configs/sweeps/table3_runlocal.py` sweeps them, and `python -m configs.table3` prints the parameter table
+kept in the README.
 """
 
 import dataclasses

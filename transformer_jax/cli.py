@@ -1,0 +1,64 @@
+"""What every command-line tool shares: absl flags with one-line errors, the --config flags, one error boundary.
+
+`run(main)` is each tool's `app.run`: flag errors and the errors a run reports about its inputs end in one line
+naming what to change (exit status 1); the traceback goes to the log only with --verbosity=1 (for bug reports).
+"""
+
+import sys
+import traceback
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from transformer_jax import config as config_lib
+
+# Errors that describe a bad input or a run that cannot go on, already worded for the user.
+USER_ERRORS = (ValueError, OSError, ArithmeticError)
+
+
+def define_config_file_flag(default: str | None, help_string: str):
+  """--config=path/to/config.py[:arguments] plus --config.key=value overrides (the config is locked: an override
+  of a key it lacks fails with ml_collections' 'Did you mean' hint)."""
+  try:
+    return config_flags.DEFINE_config_file('config', default, help_string, lock_config=True)
+  except Exception as e:  # pylint: disable=broad-except  # without --config the default loads right here
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
+
+
+def define_config_overrides_flag(base, help_string: str):
+  """--config.key=value overrides of `base`, a template of the config's keys; read them with `overrides()`."""
+  return config_flags.DEFINE_config_dict('config', base, help_string, lock_config=True)
+
+
+def overrides() -> dict:
+  """The --config.key=value overrides given on the command line, by dotted key."""
+  return dict(config_flags.get_override_values(flags.FLAGS['config']))
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing (`app.run(main, flags_parser=parse_flags)`) whose errors are one line."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except  # config files run arbitrary code while flags parse
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
+
+
+def _flag_error(error: BaseException) -> str:
+  if isinstance(error, (KeyError, AttributeError)) and getattr(error, 'name', None) != 'get_config':
+    return f'a --config.* override names no key of the config: {config_lib.one_line(error)}'
+  return config_lib.one_line(error)
+
+
+def run(main):
+  """`app.run(main)` with one-line flag errors, and USER_ERRORS from `main` as one line on stderr."""
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except USER_ERRORS as e:
+      logging.debug('%s', traceback.format_exc())
+      sys.exit(f'error: {config_lib.one_line(e)}')
+
+  app.run(guarded, flags_parser=parse_flags)

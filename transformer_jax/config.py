@@ -1,0 +1,154 @@
+"""The run's config: each section's defaults come from the module that owns it, one `validate` runs every
+section's checks, and config files load one way for every tool.
+
+| section | owner (defaults and checks) |
+|---|---|
+| `model` | `model_config.ModelConfig` |
+| `data` | `data/sources.py` |
+| `tokenizer` | `data/tokenizer.py` |
+| `pipeline` | `data/pipeline.py` |
+| `mesh` | `sharding.py` |
+| `train` | `trainer.py` (with `optim.py`'s optimizer keys) |
+| `eval` | `scoring.py` |
+| `decode` | `inference.py` |
+
+Config files (`configs/*.py`) start from `base_config()` and change what their experiment changes. Values that
+must agree are tied with `FieldReference`s, so overriding one key keeps them consistent: the model's and the
+tokenizer's vocabulary size, and the model's max length and the pipeline's length filter.
+"""
+
+import difflib
+from typing import Any, Mapping, Sequence
+
+import ml_collections
+from ml_collections.config_flags import config_flags
+
+from transformer_jax import inference
+from transformer_jax import model_config
+from transformer_jax import scoring
+from transformer_jax import sharding
+from transformer_jax import trainer
+from transformer_jax.data import pipeline
+from transformer_jax.data import sources
+from transformer_jax.data import tokenizer
+from transformer_jax.workdir import Workdir
+
+# What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
+# runtime choices (same parameters, other computation). Everything else is fixed by the training run.
+EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
+                   'model.cpu_kernels')
+
+
+def base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  vocab_size = ml_collections.FieldReference(37000)
+  max_length = ml_collections.FieldReference(256)
+  config.model = model_config.default_config()
+  config.model.vocab_size = vocab_size
+  config.model.max_len = max_length
+  config.data = sources.default_config()
+  config.tokenizer = tokenizer.default_config()
+  config.tokenizer.vocab_size = vocab_size
+  config.pipeline = pipeline.default_config()
+  config.pipeline.max_length = max_length
+  config.mesh = sharding.default_config()
+  config.train = trainer.default_config()
+  config.eval = scoring.default_config()
+  config.decode = inference.default_config()
+  return config
+
+
+def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | None = None) -> None:
+  """Every section's checks, then the checks across sections; each problem is one line naming the keys.
+
+  data_splits: the splits whose files a `data.source='files'` config must name; None: those a training run
+  reads (train, eval.split, eval.test_split); () for config files, whose paths come from the command line.
+  """
+  model = model_config.ModelConfig.from_dict(config.model)
+  if data_splits is None:
+    data_splits = ('train', config.eval.split, config.eval.test_split)
+  sources.validate(config.data, data_splits)
+  tokenizer.validate(config.tokenizer)
+  pipeline.validate(config.pipeline)
+  sharding.validate(config.mesh, model)
+  trainer.validate(config.train)
+  scoring.validate(config.eval)
+  inference.validate(config.decode)
+  keep = config.train.keep_checkpoints
+  if keep is not None and keep < config.eval.average_last:
+    raise ValueError(f'train.keep_checkpoints={keep} < eval.average_last={config.eval.average_last}: the final '
+                     'evaluation averages more checkpoints than are kept.')
+
+
+def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """The config of 'path/to/config.py[:arguments]', loaded as train.py's --config loads it (locked), with
+  `overrides` ({dotted key: value}) applied as --config.key=value would be; validated without data paths."""
+  config = config_flags.ConfigFileFlagParser(name='config', lock_config=True).parse(spec)
+  _apply(config, overrides or {})
+  validate(config, data_splits=())
+  return config
+
+
+def of_run(workdir: str) -> ml_collections.ConfigDict:
+  """A training run's saved config (`Workdir.config_file`) on today's defaults: keys added since the run was
+  written get their default values, so older workdirs still evaluate."""
+  config = base_config()
+  config.update(Workdir(workdir).load_config())
+  return config
+
+
+def for_evaluation(workdir: str, overrides: Mapping[str, Any], split: str) -> ml_collections.ConfigDict:
+  """A run's saved config (`of_run`) with evaluation's overrides (`EVALUATION_KEYS` only), validated for
+  `split`."""
+  config = of_run(workdir)
+  config.lock()
+  for key in overrides:
+    if not any(key == allowed or key.startswith(allowed + '.') for allowed in EVALUATION_KEYS):
+      raise ValueError(f'--config.{key}: evaluation cannot change {key}, which the training run fixed (see the '
+                       f'workdir\'s config.json); it may change {", ".join(EVALUATION_KEYS)}.')
+  _apply(config, overrides, flag='--config.')
+  validate(config, data_splits=(split,))
+  return config
+
+
+def _apply(config: ml_collections.ConfigDict, overrides: Mapping[str, Any], flag: str = '') -> None:
+  """Sets each dotted key as --config.key=value does; a key the config lacks is one line with the closest keys."""
+  for key, value in overrides.items():
+    problem = unknown_key(config, key)
+    if problem:
+      raise ValueError(f'{flag}{key}: {problem}')
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (TypeError, ValueError) as e:
+      raise ValueError(f'{flag}{key}={value!r}: {one_line(e)}') from None
+
+
+def unknown_key(config: ml_collections.ConfigDict, path: str) -> str | None:
+  """None if the dotted `path` names a field of `config`, else one line with the closest valid keys."""
+  node, parts = config, path.split('.')
+  for depth, name in enumerate(parts):
+    parent = '.'.join(parts[:depth])
+    if not isinstance(node, (ml_collections.ConfigDict, dict)):
+      return f'{parent} is a value ({type(node).__name__}), not a section with keys.'
+    if name in node:
+      node = node[name]
+      continue
+    full = lambda key: f'{parent}.{key}' if parent else key
+    valid = sorted(node.keys())
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    hint = f'did you mean {" or ".join(full(k) for k in close)}? ' if close else ''
+    return (f'the config has no key {full(name)}; {hint}valid keys of {parent or "the config"}: '
+            f'{", ".join(valid) or "none"}.')
+  return None
+
+
+def one_line(error: BaseException) -> str:
+  """An exception's own words on one line: the innermost of nested exceptions (ml_collections wraps KeyErrors
+  in AttributeErrors), a multi-line message as its first and last lines (a traceback ends with the error)."""
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  if len(lines) > 2:
+    lines = [lines[0], lines[-1]]
+  return ' '.join(lines) or type(error).__name__

@@ -1,0 +1,127 @@
+"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations, results files and the
+printed report. Used by training (in-run validation, the final report) and by `eval.py`."""
+
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from transformer_jax import bleu
+from transformer_jax import checkpoint
+from transformer_jax import inference
+from transformer_jax import metrics as metrics_lib
+from transformer_jax import sharding
+from transformer_jax import steps
+from transformer_jax.data import pipeline
+from transformer_jax.data import sources
+from transformer_jax.workdir import Workdir
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `eval` section."""
+  return ml_collections.ConfigDict({
+      'split': 'validation',  # teacher-forced loss during training
+      'test_split': 'test',  # BLEU at the end of training and the default of eval.py
+      'batch_size': 64,  # sentences per teacher-forced batch (global)
+      'average_last': 5,  # checkpoints averaged for the final evaluation (§6.1: 5 base, 20 big)
+      'num_samples': 5,  # sample translations printed
+  })
+
+
+def validate(eval_config: ml_collections.ConfigDict) -> None:
+  for key, low in (('batch_size', 1), ('average_last', 1), ('num_samples', 0)):
+    if eval_config[key] < low:
+      raise ValueError(f'eval.{key} must be >= {low}, got {eval_config[key]}.')
+
+
+def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None) -> dict:
+  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split."""
+  totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
+  batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+  for i, batch in enumerate(batches):
+    if max_batches is not None and i >= max_batches:
+      break
+    batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
+    sums = jax.device_get(eval_fn(params, batch))
+    totals = {k: totals[k] + float(sums[k]) for k in totals}
+  return metrics_lib.normalize(totals)
+
+
+def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
+  """`teacher_forced` over every pair, with restored params."""
+  shardings = jax.tree.map(lambda x: x.sharding, restored.params)
+  eval_fn = steps.jit_eval_step(restored.model, restored.config.train.label_smoothing, shardings, restored.mesh)
+  with restored.on_mesh():
+    return teacher_forced(restored.params, eval_fn, pairs, restored.tokenizer, restored.mesh,
+                          restored.config.eval.batch_size)
+
+
+def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]) -> dict[str, str]:
+  """Writes {'src'|'hyp'|'ref': lines} one sentence per line (UTF-8), to inspect or re-score with other tools."""
+  lengths = {kind: len(lines) for kind, lines in texts.items()}
+  if len(set(lengths.values())) != 1:
+    raise ValueError(f'sources, hypotheses and references differ in length: {lengths}')
+  paths = {}
+  for kind, lines in texts.items():
+    if any('\n' in line or '\r' in line for line in lines):
+      raise ValueError(f'a {kind} sentence contains a line break, which would misalign the files')
+    paths[kind] = run_dir.translation_file(split, kind)
+    os.makedirs(os.path.dirname(paths[kind]), exist_ok=True)
+    with open(paths[kind], 'w', encoding='utf-8') as f:
+      f.write(''.join(line + '\n' for line in lines))
+  return paths
+
+
+def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> dict:
+  """Loss, perplexity, accuracy and BLEU (sacrebleu and the paper's tokenized BLEU) on a split.
+
+  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
+  """
+  config, run_dir = restored.config, Workdir(workdir)
+  pairs = sources.load_split(config.data, split)
+  scores = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
+  hypotheses = inference.translate_pairs(restored, pairs, config.decode)
+  sources_text = [src for src, _ in pairs]
+  references = [tgt for _, tgt in pairs]
+  sacre, signature = bleu.sacrebleu_corpus(hypotheses, references)
+  tokenized = bleu.tokenized_bleu(hypotheses, references, split_compounds=config.data.target_lang == 'de')
+  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split, 'bleu': sacre,
+             'bleu_signature': signature, 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
+             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
+             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, **scores}
+  if jax.process_index() == 0:
+    results['translations'] = write_translations(
+        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references})
+    with open(run_dir.results_file(split, config.eval.test_split), 'w', encoding='utf-8') as f:
+      json.dump(results, f, indent=2)
+  results['samples'] = list(zip(sources_text, hypotheses, references))
+  return results
+
+
+def describe(results: dict, num_samples: int) -> str:
+  """A short human-readable report of `evaluate_split`'s results."""
+  split = results['split']
+  lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
+           f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
+           f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
+           f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; '
+           f'params of step(s) {results["averaged_steps"]}']
+  for src, hyp, ref in results['samples'][:num_samples]:
+    lines += [f'  source:    {src}', f'  output:    {hyp}', f'  reference: {ref}']
+  return '\n'.join(lines)
+
+
+def final_report(config, workdir: str) -> dict:
+  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU."""
+  manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
+  available = len(manager.all_steps())
+  manager.close()
+  average = min(config.eval.average_last, available)
+  restored = inference.restore(config, workdir, average_last=average if average > 1 else None)
+  results = evaluate_split(restored, workdir, config.eval.test_split)
+  if jax.process_index() == 0:
+    print(describe(results, config.eval.num_samples), flush=True)
+  return results

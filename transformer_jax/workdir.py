@@ -1,0 +1,115 @@
+"""The run directory: the one place that names its files and reads and writes its config.
+
+    WORKDIR/config.json              the resolved config of the run (evaluation and translation start from it)
+    WORKDIR/tokenizer/spm.model      the shared SentencePiece model
+    WORKDIR/checkpoints/<step>/      orbax checkpoints (checkpoint.py holds what is inside one)
+    WORKDIR/averaged/checkpoints/    averaged params written by `eval.py --save_averaged`
+    WORKDIR/metrics.jsonl            one JSON line per logged train / eval / compile record
+    WORKDIR/tensorboard/             TensorBoard event files
+    WORKDIR/results.json             the final evaluation of the test split (results_<split>.json for others)
+    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation
+    WORKDIR/train.log                train.py's output when a sweep launches it
+"""
+
+import json
+import os
+
+import ml_collections
+
+# Keys earlier versions wrote into config.json that no longer exist (dropped when such a config is read).
+_REMOVED_KEYS = {'train': ('reuse_host_memory',)}  # now train.py --host_memory
+
+
+class Workdir:
+  """Paths of one run directory; nothing is created until asked (`ensure_writable`)."""
+
+  def __init__(self, path: str):
+    self.path = str(path)
+
+  def __repr__(self) -> str:
+    return f'Workdir({self.path!r})'
+
+  def _join(self, *parts: str) -> str:
+    return os.path.join(self.path, *parts)
+
+  @property
+  def config_file(self) -> str:
+    return self._join('config.json')
+
+  @property
+  def tokenizer_model(self) -> str:
+    return self._join('tokenizer', 'spm.model')
+
+  @property
+  def checkpoints(self) -> str:
+    return os.path.join(os.path.abspath(self.path), 'checkpoints')  # orbax wants an absolute path
+
+  @property
+  def averaged(self) -> 'Workdir':
+    """Where `eval.py --save_averaged` writes params-only checkpoints (their own `checkpoints/` inside)."""
+    return Workdir(self._join('averaged'))
+
+  @property
+  def metrics_file(self) -> str:
+    return self._join('metrics.jsonl')
+
+  @property
+  def tensorboard(self) -> str:
+    return self._join('tensorboard')
+
+  @property
+  def train_log(self) -> str:
+    return self._join('train.log')
+
+  @property
+  def final_results_file(self) -> str:
+    """The evaluation of the test split (`eval.test_split`), which a finished run ends with."""
+    return self._join('results.json')
+
+  def results_file(self, split: str, test_split: str) -> str:
+    return self.final_results_file if split == test_split else self._join(f'results_{split}.json')
+
+  def translation_file(self, split: str, kind: str) -> str:
+    """kind: 'src', 'hyp' or 'ref'."""
+    return self._join('translations', f'{split}.{kind}.txt')
+
+  def ensure_writable(self, process_index: int = 0) -> None:
+    """Creates the directory; fails with one line, before any work, if it cannot be written."""
+    try:
+      os.makedirs(self.path, exist_ok=True)
+      probe = self._join(f'.write_probe_{process_index}')
+      with open(probe, 'w') as f:
+        f.write('ok')
+      os.remove(probe)
+    except OSError as e:
+      raise PermissionError(f'workdir {self.path} is not writable ({e.strerror}): pass a --workdir you can write '
+                            'to.') from None
+
+  def save_config(self, config: ml_collections.ConfigDict) -> None:
+    """Writes the resolved config atomically (a reader never sees half a file)."""
+    tmp = self.config_file + '.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(config.to_json_best_effort(indent=2))
+    os.replace(tmp, self.config_file)
+
+  def has_config(self) -> bool:
+    return os.path.exists(self.config_file)
+
+  def load_config(self) -> ml_collections.ConfigDict:
+    """The run's saved config; keys of earlier versions that no longer exist are dropped."""
+    if not os.path.isdir(self.path):
+      raise FileNotFoundError(f'workdir {self.path} does not exist: pass the --workdir of a training run.')
+    if not self.has_config():
+      raise FileNotFoundError(f'{self.config_file} not found: {self.path} is not the workdir of a training run.')
+    try:
+      with open(self.config_file, encoding='utf-8') as f:
+        values = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+      raise ValueError(f'{self.config_file} is not valid JSON ({e}): the file is damaged; restore it from a copy '
+                       'or rerun training in a new workdir.') from None
+    if not isinstance(values, dict):
+      raise ValueError(f'{self.config_file} does not hold a config (a JSON object): the file is damaged.')
+    for section, keys in _REMOVED_KEYS.items():
+      for key in keys:
+        values.get(section, {}).pop(key, None)
+    return ml_collections.ConfigDict(values)
