@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from transformer_jax.data import builtin_corpus as bc
+from transformer_jax.data import builtin as bc
 from transformer_jax.data import sources
-from transformer_jax.data.builtin_corpus import ACC, DAT, NOM
+from transformer_jax.data.builtin import ACC, DAT, NOM
 
 NOUN, ADJ, VERB = bc.NOUN, bc.ADJECTIVE, bc.VERB
 
@@ -328,7 +328,7 @@ def test_default_corpus_is_pinned():
 
 
 def test_corpus_is_the_same_in_every_process():
-  code = ('from transformer_jax.data.builtin_corpus import build_corpus, SPLITS\n'
+  code = ('from transformer_jax.data.builtin import build_corpus, SPLITS\n'
           'import hashlib\n'
           'c = build_corpus(0, 1000, 100)\n'
           "text = '\\n'.join(f'{p}\\t{s}\\t{t}' for p in SPLITS for s, t in zip(*c[p]))\n"

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax.data import builtin_corpus, prepare_tfds, sources
+from transformer_jax.data import builtin, prepare_tfds, sources
 
 tfds = sources.import_tfds()
 
@@ -67,9 +67,9 @@ def test_default_data_config():
 
 def test_builtin_splits():
   config = _config(builtin_train_size=300, builtin_eval_size=20, builtin_seed=1)
-  splits = {split: sources.load_split(config, split) for split in builtin_corpus.SPLITS}
+  splits = {split: sources.load_split(config, split) for split in builtin.SPLITS}
   assert {s: len(x) for s, x in splits.items()} == {'train': 300, 'validation': 20, 'test': 20}
-  expected = builtin_corpus.build_corpus(1, 300, 20)['train']
+  expected = builtin.build_corpus(1, 300, 20)['train']
   train = splits['train']
   assert train[7] == (expected[0][7], expected[1][7])
   assert train[np.int64(7)] == train[7] == train[-293]
