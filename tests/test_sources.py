@@ -12,7 +12,7 @@ import pytest
 
 from transformer_jax import config as config_lib
 from transformer_jax import prepare_tfds
-from transformer_jax.data import builtin_corpus, sources
+from transformer_jax.data import builtin, sources
 
 tfds = sources.import_tfds()
 
@@ -76,9 +76,9 @@ def test_files_and_tfds_dir_are_settable_as_flags_on_the_default_config(tmp_path
 
 def test_builtin_splits():
   config = _config(builtin_train_size=300, builtin_eval_size=20, builtin_seed=1)
-  splits = {split: sources.load_split(config, split) for split in builtin_corpus.SPLITS}
+  splits = {split: sources.load_split(config, split) for split in builtin.SPLITS}
   assert {s: len(x) for s, x in splits.items()} == {'train': 300, 'validation': 20, 'test': 20}
-  expected = builtin_corpus.build_corpus(1, 300, 20)['train']
+  expected = builtin.build_corpus(1, 300, 20)['train']
   train = splits['train']
   assert train[7] == (expected[0][7], expected[1][7])
   assert train[np.int64(7)] == train[7] == train[-293]

@@ -7,8 +7,8 @@ Fields of `data_config` (the config's `data` section; `default_config()` gives t
 
 * `source`: where pairs come from: 'builtin' | 'tfds' | 'files'.
 * `builtin_seed`, `builtin_train_size`, `builtin_eval_size` ('builtin'): seed and sizes of the
-  generated English -> German corpus (`builtin_corpus`); validation and test have eval_size pairs
-  each. Splits: 'train', 'validation', 'test'.
+  generated English -> German corpus (`transformer_jax.data.builtin`); validation and test have
+  eval_size pairs each. Splits: 'train', 'validation', 'test'.
 * `tfds_name` ('tfds'): a tfds dataset with a `Translation` feature, with config, e.g.
   'wmt14_translate/de-en'. It must have been prepared in ArrayRecord format beforehand (see
   `transformer_jax/prepare_tfds.py`); it is read with `as_data_source`, so TensorFlow is not needed. Splits: those
@@ -39,7 +39,7 @@ from typing import Any, Sequence
 from absl import logging
 import ml_collections
 
-from transformer_jax.data import builtin_corpus
+from transformer_jax.data import builtin
 
 SOURCES = ('builtin', 'tfds', 'files')
 FILE_SPLITS = ('train', 'validation', 'test')  # the `files` entries of the default config
@@ -110,11 +110,10 @@ def load_split(data_config: ml_collections.ConfigDict, split: str) -> Sequence[t
 
 
 def _load_builtin(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
-  if split not in builtin_corpus.SPLITS:
-    raise ValueError(f'the builtin corpus has no split {split!r}; use one of '
-                     f'{builtin_corpus.SPLITS}')
-  corpus = builtin_corpus.build_corpus(data_config.builtin_seed, data_config.builtin_train_size,
-                                       data_config.builtin_eval_size)
+  if split not in builtin.SPLITS:
+    raise ValueError(f'the builtin corpus has no split {split!r}; use one of {builtin.SPLITS}')
+  corpus = builtin.build_corpus(data_config.builtin_seed, data_config.builtin_train_size,
+                                data_config.builtin_eval_size)
   return PairSequence(*corpus[split])
 
 
