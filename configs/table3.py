@@ -6,6 +6,7 @@ kept in the README.
 """
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -59,6 +60,7 @@ def model_config_for(variant: Variant, base: ModelConfig) -> ModelConfig:
   return base.replace(**changes)
 
 
+@functools.lru_cache(maxsize=None)
 def count_params(config: ModelConfig) -> int:
   """Number of parameters, from shapes only (nothing is allocated)."""
   tokens = jnp.ones((1, 2), jnp.int32)

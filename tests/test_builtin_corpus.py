@@ -327,6 +327,7 @@ def test_default_corpus_is_pinned():
   assert digests == PINNED_DEFAULT_SPLITS
 
 
+@pytest.mark.slow
 def test_corpus_is_the_same_in_every_process():
   code = ('from transformer_jax.data.builtin import build_corpus, SPLITS\n'
           'import hashlib\n'

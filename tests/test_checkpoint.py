@@ -172,6 +172,7 @@ def _start(workdir, **overrides):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   workdir = helpers.prepare_workdir(str(tmp_path / 'preempted'), uninterrupted[0])
   # Many steps, no periodic checkpoint: only the preemption save can write one.
@@ -199,6 +200,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   assert np.isfinite(result['metrics']['loss'])
 
 
+@pytest.mark.slow
 def test_kill_9_during_async_saves_leaves_a_restorable_checkpoint(tmp_path, uninterrupted):
   workdir = helpers.prepare_workdir(str(tmp_path / 'killed'), uninterrupted[0])
   # A save every step (async): a kill -9 almost always lands while one is being written.

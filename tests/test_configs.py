@@ -218,6 +218,7 @@ def test_validate_rejects_unknown_mesh_axes():
     (['--config=configs/wmt14_ende_base.py:A_h99'], "ValueError: unknown config argument(s) ['A_h99']"),
     (['--config=configs/wsj_parsing.py'], 'data.files.train.source and .target (or .tsv)'),
 ])
+@pytest.mark.slow
 def test_train_py_fails_with_one_line(tmp_path, args, message):
   proc = subprocess.run([sys.executable, 'train.py', f'--workdir={tmp_path}', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)

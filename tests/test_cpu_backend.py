@@ -124,6 +124,7 @@ print(json.dumps({'applied': applied, 'mmapped_during': during.hblks - before.hb
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', ['reuse', 'system'])
 def test_reused_host_memory_serves_large_blocks_from_the_heap_and_keeps_it(mode):
   """With reuse a 64 MiB block comes from the heap (no mmap) and stays there after free, ready for the next

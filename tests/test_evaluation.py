@@ -173,6 +173,7 @@ def test_translate_lines_empty_and_too_long(trained):
   assert len(inference.translate_lines(restored, [long_line], truncate=True)) == 1
 
 
+@pytest.mark.slow
 def test_attention_heatmaps(trained, tmp_path):
   config, workdir = trained
   restored = inference.restore(config, workdir)
@@ -197,6 +198,7 @@ def _run(args, **kwargs):
                         env=dict(os.environ, JAX_PLATFORMS='cpu'), **kwargs)
 
 
+@pytest.mark.slow
 def test_eval_and_translate_commands(trained):
   _, workdir = trained
   # The run's own config.json is the config: none of its training overrides are repeated here.
@@ -210,6 +212,7 @@ def test_eval_and_translate_commands(trained):
   assert len(result.stdout.split('\n')) == 4 and result.stdout.split('\n')[1] == ''
 
 
+@pytest.mark.slow
 def test_eval_bad_inputs(trained, tmp_path):
   config, workdir = trained
   result = _run(['eval.py', f'--workdir={tmp_path / "missing"}'])

@@ -11,6 +11,7 @@ import socket
 import subprocess
 
 import numpy as np
+import pytest
 
 import helpers
 from transformer_jax import checkpoint, trainer
@@ -28,6 +29,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
   single = str(tmp_path / 'single')
   trainer.train_and_evaluate(helpers.tiny_config(**SETTINGS), single)

@@ -194,6 +194,7 @@ def test_grain_checkpoint_handler_round_trip(tokenizer, tmp_path):
   _assert_same_batches(expected, [next(restored) for _ in range(5)])
 
 
+@pytest.mark.slow
 def test_worker_processes_resume_exactly(tokenizer):
   with helpers.absl_flags_parsed(True):
     dataset = pl.make_train_dataset(PAIRS, tokenizer, _config('token_budget', num_workers=2))

@@ -177,6 +177,7 @@ if args.get('config.train.seed') != '3':  # seed 3: exits 0 without a final eval
 """
 
 
+@pytest.mark.slow
 def test_run_continues_after_a_failure_and_reports_it(tmp_path):
   """The runner's bookkeeping, with a stand-in for train.py that fails for seed 2 and evaluates nothing for 3."""
   base = os.path.join(tmp_path, 'c.py')
@@ -225,6 +226,7 @@ def micro_sweep(tmp_path_factory):
           'env': env}
 
 
+@pytest.mark.slow
 def test_every_variant_trains_with_its_overrides(micro_sweep):
   for variant in micro_sweep['variants']:
     workdir = os.path.join(micro_sweep['root'], variant.name)
@@ -235,6 +237,7 @@ def test_every_variant_trains_with_its_overrides(micro_sweep):
     assert saved['model']['dropout'] == variant.overrides['model.dropout']
 
 
+@pytest.mark.slow
 def test_interrupted_variant_resumes_from_its_checkpoint(micro_sweep):
   name = micro_sweep['variants'][0].name
   assert f'[1/4] {name}: resuming from checkpoint 4' in micro_sweep['stdout']
@@ -247,6 +250,7 @@ def test_interrupted_variant_resumes_from_its_checkpoint(micro_sweep):
     assert 'resumed from step 4' in f.read()
 
 
+@pytest.mark.slow
 def test_results_table_has_one_row_per_variant(micro_sweep):
   root, variants = micro_sweep['root'], micro_sweep['variants']
   with open(os.path.join(root, 'results.csv')) as f:
@@ -264,6 +268,7 @@ def test_results_table_has_one_row_per_variant(micro_sweep):
   assert all(f'| {v.name} |' in ''.join(table) for v in variants)
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_variants(micro_sweep):
   root, variants = micro_sweep['root'], micro_sweep['variants']
 
@@ -284,6 +289,7 @@ def test_rerun_skips_finished_variants(micro_sweep):
   assert sweep.commands(micro_sweep['base'], variants, root) == [f'# {v.name}: finished' for v in variants]
 
 
+@pytest.mark.slow
 def test_print_commands_lists_unfinished_variants(micro_sweep, tmp_path):
   proc = subprocess.run([sys.executable, 'sweep.py', f'--config={micro_sweep["base"]}',
                          f'--sweep={micro_sweep["sweep_file"]}', f'--workdir={tmp_path}', '--print_commands'],

@@ -224,6 +224,7 @@ def test_logs_hold_the_training_metrics(good_run):
   assert tb_loss == pytest.approx({r['step']: r['loss'] for r in train}, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_with_worker_processes_no_drop_count_is_claimed(tmp_path):
   # The workers filter (and log) on their own copies of the counts; the trainer's copy would read 0.
   workdir = str(tmp_path / 'workers')
@@ -282,6 +283,7 @@ def test_non_finite_skip_mode_never_applies_or_saves_it(good_run, tmp_path):
 # --- bad input: one-line errors
 
 
+@pytest.mark.slow
 def test_unknown_config_key_on_the_command_line(tmp_path):
   for override, expected in (('train.nonexistent', "'nonexistent'"),
                              ('train.num_step', 'Did you mean "num_steps" instead of "num_step"?')):

@@ -25,6 +25,9 @@ of the sub-workdirs (otherwise they are derived from the overrides, e.g. `num_he
 (results.json of the final evaluation at train.num_steps) and resuming interrupted ones (train.py restarts
 from the latest checkpoint of its workdir); `commands` gives the same launches for a cluster scheduler;
 `write_results` tabulates every variant in `<root>/results.md` and `<root>/results.csv`.
+
+(Over 400 lines because the three jobs of a sweep — declaring variants, launching them, tabulating their
+workdirs — share the variants' names and workdir reading; split, each part would import the others.)
 """
 
 import builtins
