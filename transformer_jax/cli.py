@@ -13,18 +13,32 @@ from absl import logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
+from transformer_jax.errors import one_line
 
 # Errors that describe a bad input or a run that cannot go on, already worded for the user.
 USER_ERRORS = (ValueError, OSError, ArithmeticError)
 
 
-def define_config_file_flag(default: str | None, help_string: str):
+class _ConfigFileParser(flags.ArgumentParser):
+  """Reads --config files with `config.load_file`, whose every failure is one line naming the file."""
+
+  def parse(self, argument):
+    return config_lib.load_file(argument)
+
+  def flag_type(self):
+    return 'config object'
+
+
+def define_config_file_flag(default: str, help_string: str):
   """--config=path/to/config.py[:arguments] plus --config.key=value overrides (the config is locked: an override
   of a key it lacks fails with ml_collections' 'Did you mean' hint)."""
+  holder = config_flags.DEFINE_config_file('config', None, help_string, lock_config=True)
+  flags.FLAGS['config'].parser = _ConfigFileParser()
   try:
-    return config_flags.DEFINE_config_file('config', default, help_string, lock_config=True)
-  except Exception as e:  # pylint: disable=broad-except  # without --config the default loads right here
+    flags.FLAGS.set_default('config', default)  # without --config on the command line the default loads here
+  except Exception as e:  # pylint: disable=broad-except  # a config file runs arbitrary code
     sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
+  return holder
 
 
 def define_config_overrides_flag(base, help_string: str):
@@ -47,8 +61,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def _flag_error(error: BaseException) -> str:
   if isinstance(error, (KeyError, AttributeError)) and getattr(error, 'name', None) != 'get_config':
-    return f'a --config.* override names no key of the config: {config_lib.one_line(error)}'
-  return config_lib.one_line(error)
+    return f'a --config.* override names no key of the config: {one_line(error)}'
+  return one_line(error)
 
 
 def run(main):
@@ -59,6 +73,6 @@ def run(main):
       return main(argv)
     except USER_ERRORS as e:
       logging.debug('%s', traceback.format_exc())
-      sys.exit(f'error: {config_lib.one_line(e)}')
+      sys.exit(f'error: {one_line(e)}')
 
   app.run(guarded, flags_parser=parse_flags)

@@ -18,11 +18,12 @@ tokenizer's vocabulary size, and the model's max length and the pipeline's lengt
 """
 
 import difflib
+import inspect
 from typing import Any, Mapping, Sequence
 
 import ml_collections
-from ml_collections.config_flags import config_flags
 
+from transformer_jax import files
 from transformer_jax import inference
 from transformer_jax import model_config
 from transformer_jax import scoring
@@ -31,6 +32,7 @@ from transformer_jax import trainer
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer
+from transformer_jax.errors import one_line
 from transformer_jax.workdir import Workdir
 
 # What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
@@ -80,10 +82,31 @@ def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | 
                      'evaluation averages more checkpoints than are kept.')
 
 
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """The locked config of 'path/to/config.py[:arguments]': the file's `get_config(arguments)`. Every failure
+  (no such file, a syntax error, no get_config, an argument it does not take, an error inside it, no
+  ConfigDict returned) is one ValueError line naming the file. train.py's --config reads files with this too."""
+  path, _, arg = spec.partition(':')
+  module = files.load_python(path, 'get_config', 'config file')
+  takes_argument = bool(inspect.signature(module.get_config).parameters)
+  if arg and not takes_argument:
+    raise ValueError(f'{path}: get_config() takes no argument, but --config={spec} passes {arg!r}.')
+  try:
+    config = module.get_config(arg or None) if takes_argument else module.get_config()
+  except Exception as e:  # pylint: disable=broad-except  # the file's own code failed
+    raise ValueError(f'--config={spec}: {one_line(e)}' if isinstance(e, ValueError)
+                     else f'--config={spec}: get_config() failed: {type(e).__name__}: {one_line(e)}') from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(f'{path}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict '
+                     '(a missing return statement?).')
+  config.lock()
+  return config
+
+
 def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
   """The config of 'path/to/config.py[:arguments]', loaded as train.py's --config loads it (locked), with
   `overrides` ({dotted key: value}) applied as --config.key=value would be; validated without data paths."""
-  config = config_flags.ConfigFileFlagParser(name='config', lock_config=True).parse(spec)
+  config = load_file(spec)
   _apply(config, overrides or {})
   validate(config, data_splits=())
   return config
@@ -140,15 +163,3 @@ def unknown_key(config: ml_collections.ConfigDict, path: str) -> str | None:
     return (f'the config has no key {full(name)}; {hint}valid keys of {parent or "the config"}: '
             f'{", ".join(valid) or "none"}.')
   return None
-
-
-def one_line(error: BaseException) -> str:
-  """An exception's own words on one line: the innermost of nested exceptions (ml_collections wraps KeyErrors
-  in AttributeErrors), a multi-line message as its first and last lines (a traceback ends with the error)."""
-  while error.args and isinstance(error.args[0], BaseException):
-    error = error.args[0]
-  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-  lines = [line.strip() for line in text.splitlines() if line.strip()]
-  if len(lines) > 2:
-    lines = [lines[0], lines[-1]]
-  return ' '.join(lines) or type(error).__name__
