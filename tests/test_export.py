@@ -148,8 +148,12 @@ def test_exported_model_scores_targets_as_ours_does(trained, tmp_path, variant):
 def test_directory_holds_the_vocabulary_in_id_order_and_the_sentencepiece_model(trained, tmp_path):
   config, workdir = trained
   restored = _restore(config, workdir)
-  out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer.path, tmp_path / 'm')
+  out = export.export_ctranslate2(config.model, restored.params, restored.tokenizer.path, tmp_path / 'm')
   assert sorted(os.listdir(out)) == ['config.json', 'model.bin', 'shared_vocabulary.json', 'spm.model']
+  assert sorted(os.listdir(tmp_path)) == ['m']  # no staging directory left behind
+  umask = os.umask(0)
+  os.umask(umask)
+  assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # readable as a directory os.mkdir would make
   sp = spm.SentencePieceProcessor(model_file=restored.tokenizer.path)
   with open(out / 'shared_vocabulary.json', encoding='utf-8') as f:
     vocabulary = json.load(f)

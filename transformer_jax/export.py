@@ -41,8 +41,11 @@ SPM_FILE = 'spm.model'
 
 def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | os.PathLike,
                        out_dir: str | os.PathLike, quantization: str | None = None) -> Path:
-  """Writes `params` of a model built from `model_config` as a CTranslate2 model directory `out_dir` (new or
-  empty; written whole or not at all), for `ctranslate2.Translator(out_dir)`. Returns out_dir."""
+  """Writes `params` of a model built from `model_config` (a ModelConfig or the config's `model` section) as a
+  CTranslate2 model directory `out_dir` (new or empty; written whole or not at all), for
+  `ctranslate2.Translator(out_dir)`. Returns out_dir."""
+  if not isinstance(model_config, ModelConfig):
+    model_config = ModelConfig.from_dict(model_config)
   check_exportable(model_config, quantization)
   out_dir = Path(out_dir)
   if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -58,6 +61,9 @@ def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | 
   spec.optimize(quantization=quantization)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f'.{out_dir.name}.', dir=out_dir.parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(staging, 0o777 & ~umask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
   try:
     spec.save(staging)
     if out_dir.exists():
