@@ -17,7 +17,7 @@ from sacremoses import MosesTokenizer
 _COMPOUND_HYPHEN = re.compile(r'(\S)-(\S)')
 
 
-def check_corpus(hypotheses: list[str], references: list[str]) -> None:
+def _check_corpus(hypotheses: list[str], references: list[str]) -> None:
   """Rejects inputs that would silently give a meaningless score."""
   if isinstance(hypotheses, str) or isinstance(references, str):
     raise TypeError('scores take lists of sentences, got a single string')
@@ -30,7 +30,7 @@ def check_corpus(hypotheses: list[str], references: list[str]) -> None:
 def sacrebleu_corpus(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
   """Standard sacrebleu corpus BLEU (0-100) of detokenized text with its 13a tokenizer, and the signature that
   identifies the settings (e.g. 'nrefs:1|case:mixed|eff:no|tok:13a|...')."""
-  check_corpus(hypotheses, references)
+  _check_corpus(hypotheses, references)
   bleu = BLEU()
   score = bleu.corpus_score(list(hypotheses), [list(references)]).score
   return score, str(bleu.get_signature())
@@ -38,7 +38,7 @@ def sacrebleu_corpus(hypotheses: list[str], references: list[str]) -> tuple[floa
 
 def chrf_corpus(hypotheses: list[str], references: list[str], *, word_order: int = 0) -> tuple[float, str]:
   """sacrebleu's corpus chrF (0-100; character 6-grams, β=2), or chrF++ with word_order=2, and its signature."""
-  check_corpus(hypotheses, references)
+  _check_corpus(hypotheses, references)
   chrf = CHRF(word_order=word_order)
   score = chrf.corpus_score(list(hypotheses), [list(references)]).score
   return score, str(chrf.get_signature())
@@ -82,7 +82,7 @@ def tokenized_bleu(hypotheses: list[str], references: list[str], *, lang: str = 
                    split_compounds: bool = True) -> float:
   """The paper's BLEU (0-100): Moses-tokenize for the target language `lang`, optionally split compounds, then
   multi-bleu.perl semantics (whitespace tokens, case-sensitive, corpus-level, brevity penalty, no smoothing)."""
-  check_corpus(hypotheses, references)
+  _check_corpus(hypotheses, references)
 
   def prepare(line: str) -> str:
     line = moses_tokenize(line, lang)
