@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention_plots
-from transformer_jax import bleu
+from transformer_jax import scores
 from transformer_jax import checkpoint
 from transformer_jax import config as config_lib
 from transformer_jax import inference
@@ -154,8 +154,10 @@ def test_evaluate_split_writes_bleu_results_and_translations(trained):
   refs = open(saved['translations']['ref'], encoding='utf-8').read().splitlines()
   assert len(hyps) == len(refs) == saved['num_sentences'] == config.data.builtin_eval_size
   # The scores are those of the files written: anyone can re-score them with the same tools.
-  assert saved['bleu'] == results['bleu'] == bleu.sacrebleu_corpus(hyps, refs)[0]
-  assert saved['tokenized_bleu'] == bleu.tokenized_bleu(hyps, refs)
+  assert saved['bleu'] == results['bleu'] == scores.sacrebleu_corpus(hyps, refs)[0]
+  assert (saved['chrf'], saved['chrf++']) == (scores.chrf_corpus(hyps, refs)[0], scores.chrf_corpus(hyps, refs, word_order=2)[0])
+  assert saved['chrf_signature'].startswith('nrefs:1') and 'nw:2' in saved['chrf++_signature']
+  assert saved['tokenized_bleu'] == scores.tokenized_bleu(hyps, refs, lang='de')
   assert np.isclose(saved['test_perplexity'], np.exp(saved['test_nll']), rtol=1e-5)
   text = scoring.describe(results, 2)
   assert 'BLEU' in text and text.count('reference:') == 2

@@ -8,10 +8,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from transformer_jax import bleu
 from transformer_jax import checkpoint
 from transformer_jax import inference
 from transformer_jax import metrics as metrics_lib
+from transformer_jax import scores
 from transformer_jax import sharding
 from transformer_jax import steps
 from transformer_jax.data import pipeline
@@ -76,7 +76,7 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
 
 
 def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> dict:
-  """Loss, perplexity, accuracy and BLEU (sacrebleu and the paper's tokenized BLEU) on a split.
+  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split.
 
   Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
   """
@@ -86,10 +86,10 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   hypotheses = inference.translate_pairs(restored, pairs, config.decode)
   sources_text = [src for src, _ in pairs]
   references = [tgt for _, tgt in pairs]
-  sacre, signature = bleu.sacrebleu_corpus(hypotheses, references)
-  tokenized = bleu.tokenized_bleu(hypotheses, references, split_compounds=config.data.target_lang == 'de')
-  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split, 'bleu': sacre,
-             'bleu_signature': signature, 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
+  lang = config.data.target_lang
+  tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
+  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
+             **scores.corpus_scores(hypotheses, references), 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
              'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
              'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, **scores}
   if jax.process_index() == 0:
@@ -105,6 +105,8 @@ def describe(results: dict, num_samples: int) -> str:
   """A short human-readable report of `evaluate_split`'s results."""
   split = results['split']
   lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
+           f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
+           f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
            f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
            f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
            f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; '

@@ -55,8 +55,8 @@ from transformer_jax.workdir import Workdir
 CONFIG_ARG = 'config_arg'
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 LOG_FILE = 'sweep.log'  # <root>/sweep.log: what the runner did; each variant's train.py output: Workdir.train_log
-RESULT_COLUMNS = ('status', 'step', 'train_loss', 'eval_loss', 'bleu', 'tokenized_bleu', 'test_loss', 'params',
-                  'steps_per_second')
+RESULT_COLUMNS = ('status', 'step', 'train_loss', 'eval_loss', 'bleu', 'chrf', 'chrf++', 'tokenized_bleu', 'test_loss',
+                  'params', 'steps_per_second')
 
 Overrides = dict[str, Any]
 
@@ -406,6 +406,8 @@ def result_row(base: str, variant: Variant, root: str, outcome: str | None = Non
       'train_loss': _last(records, 'train', 'loss'),
       'eval_loss': _last(records, 'eval', 'loss'),
       'bleu': results.get('bleu'),
+      'chrf': results.get('chrf'),
+      'chrf++': results.get('chrf++'),
       'tokenized_bleu': results.get('tokenized_bleu'),
       'test_loss': results.get('test_loss'),
       'params': results.get('params'),

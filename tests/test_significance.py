@@ -1,0 +1,143 @@
+"""Paired significance tests between two systems, and reading another system's hypotheses."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from transformer_jax import scores
+from transformer_jax.significance import compare_systems, read_hypotheses
+
+N = 200  # resamples / trials: enough for stable numbers on the small corpus, fast enough for a unit test
+
+
+def _corpus(sentences=120):
+  """References and two systems that drop reference words at random: the baseline more often than the system."""
+  rng = random.Random(0)
+  words = 'der die das Haus Katze Hund sieht läuft schnell heute morgen im Garten ein kleiner großer'.split()
+  refs = [' '.join(rng.choice(words) for _ in range(rng.randint(6, 14))) + ' .' for _ in range(sentences)]
+
+  def degrade(p):
+    return [' '.join(w if rng.random() > p else 'xx' for w in ref.split()) for ref in refs]
+
+  return refs, degrade(0.3), degrade(0.2)
+
+
+@pytest.mark.parametrize('method', ['bs', 'ar'])
+def test_p_values_and_means_are_those_of_sacrebleus_command_line(tmp_path, method):
+  refs, baseline, system = _corpus()
+  files = {}
+  for name, lines in (('ref', refs), ('baseline', baseline), ('system', system)):
+    files[name] = tmp_path / f'{name}.txt'
+    files[name].write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
+  command = [sys.executable, '-m', 'sacrebleu', str(files['ref']), '-i', str(files['baseline']), str(files['system']),
+             f'--paired-{method}', f'--paired-{method}-n', str(N), '-m', 'bleu', '-f', 'json']
+  cli = json.loads(subprocess.run(command, check=True, capture_output=True, text=True,
+                                  env=dict(os.environ, SACREBLEU_SEED='12345')).stdout)
+  ours = compare_systems(baseline, system, refs, method=method, n=N, seed=12345)['bleu']
+  cli_baseline, cli_system = cli[0]['BLEU'], cli[1]['BLEU']
+  assert (ours['baseline'], ours['system'], ours['p_value']) == (cli_baseline['score'], cli_system['score'],
+                                                                 cli_system['p_value'])
+  if method == 'bs':  # the command line's 'ar' test reports no bootstrap means
+    assert (ours['baseline_mean'], ours['baseline_ci']) == (cli_baseline['mean'], cli_baseline['ci'])
+    assert (ours['system_mean'], ours['system_ci']) == (cli_system['mean'], cli_system['ci'])
+
+
+def test_the_difference_and_its_interval_come_from_paired_resamples():
+  refs, baseline, system = _corpus()
+  result = compare_systems(baseline, system, refs, n=N)
+  assert (result['method'], result['samples'], result['seed'], result['sentences']) == ('bs', N, 12345, len(refs))
+  for metric, score_fn in (('bleu', scores.sacrebleu_corpus), ('chrf', scores.chrf_corpus)):
+    numbers = result[metric]
+    assert numbers['baseline'] == score_fn(baseline, refs)[0]
+    assert numbers['system'] == score_fn(system, refs)[0]
+    assert numbers['difference'] == numbers['system'] - numbers['baseline']
+    low, high = numbers['difference_ci']
+    assert 0 < low < numbers['difference'] < high  # the system drops fewer words: a clear, significant gain
+    assert numbers['p_value'] == pytest.approx(1 / (N + 1))  # no resampled difference reached the real one
+    assert f'bs:{N}' in numbers['signature'] and 'seed:12345' in numbers['signature']
+  # Same sentences drawn for both systems: swapping them negates every difference and keeps the p-value.
+  swapped = compare_systems(system, baseline, refs, n=N)
+  for metric in ('bleu', 'chrf'):
+    assert swapped[metric]['difference'] == -result[metric]['difference']
+    assert swapped[metric]['difference_ci'] == [-result[metric]['difference_ci'][1],
+                                                -result[metric]['difference_ci'][0]]
+    assert swapped[metric]['p_value'] == result[metric]['p_value']
+    assert swapped[metric]['system_mean'] == result[metric]['baseline_mean']
+
+
+@pytest.mark.parametrize('method', ['bs', 'ar'])
+def test_deterministic_given_the_seed(method):
+  refs, baseline, system = _corpus()
+  first = compare_systems(baseline, system, refs, method=method, n=N, seed=7)
+  assert compare_systems(baseline, system, refs, method=method, n=N, seed=7) == first
+  other = compare_systems(baseline, system, refs, method=method, n=N, seed=8)
+  assert other['bleu']['difference_ci'] != first['bleu']['difference_ci']
+
+
+def test_a_system_against_itself_differs_by_zero():
+  refs, baseline, _ = _corpus()
+  result = compare_systems(baseline, baseline, refs, n=N)
+  assert result['bleu']['difference'] == 0 and result['bleu']['difference_ci'] == [0.0, 0.0]
+  # sacrebleu counts resampled differences strictly above the real one (0), so even here p = 1/(n+1).
+  assert result['bleu']['p_value'] == pytest.approx(1 / (N + 1))
+
+
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        ({'method': 'ttest'}, "use 'bs'"),
+        ({'n': 0}, 'positive number of samples'),
+        ({'seed': 0}, 'positive integer'),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(kwargs, message):
+  refs, baseline, system = _corpus(sentences=5)
+  with pytest.raises(ValueError, match=message) as error:
+    compare_systems(baseline, system, refs, **kwargs)
+  assert '\n' not in str(error.value)
+
+
+def test_systems_of_another_test_set_are_refused():
+  refs, baseline, system = _corpus(sentences=5)
+  with pytest.raises(ValueError, match='same number of sentences'):
+    compare_systems(baseline, system[:4], refs)
+
+
+def test_reads_a_plain_hypotheses_file(tmp_path):
+  path = tmp_path / 'hyps.txt'
+  path.write_text('eins\n\nzwei\u2028drei\r\n', encoding='utf-8')  # an empty line; U+2028 is not a line break
+  assert read_hypotheses(path, 3) == ['eins', '', 'zwei\u2028drei']
+
+
+def test_reads_the_hypotheses_a_results_json_names(tmp_path):
+  paths = scores.write_translations(tmp_path, 'test', ['a', 'b'], ['A', 'B'], ['a', 'b'])
+  results = tmp_path / 'results.json'
+  results.write_text(json.dumps({'bleu': 1.0, 'translations': {k: str(v) for k, v in paths.items()}}))
+  assert read_hypotheses(results, 2) == ['A', 'B']
+  # A relative name written from another working directory is found in translations/ beside the results.json.
+  results.write_text(json.dumps({'translations': {'hyp': 'elsewhere/runs/x/translations/test.hyp.txt'}}))
+  assert read_hypotheses(results, 2) == ['A', 'B']
+
+
+@pytest.mark.parametrize(
+    'name, content, message',
+    [
+        ('missing.txt', None, 'no such file'),
+        ('hyps.txt', b'a\nb\n', 'has 2 lines but the references have 3'),
+        ('hyps.txt', 'a\nb\nc\xe4\n'.encode('latin-1'), r'not UTF-8 \(line 3\)'),
+        ('results.json', b'{"bleu": 1.0}', "'translations'"),
+        ('results.json', b'not json', "'translations'"),
+        ('results.json', b'{"translations": {"hyp": "/nowhere/test.hyp.txt"}}', 'which is not there'),
+    ],
+)
+def test_unreadable_hypotheses_are_one_line_errors(tmp_path, name, content, message):
+  path = tmp_path / name
+  if content is not None:
+    path.write_bytes(content)
+  with pytest.raises(ValueError, match=message) as error:
+    read_hypotheses(path, 3)
+  assert '\n' not in str(error.value)

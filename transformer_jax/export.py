@@ -1,0 +1,189 @@
+"""Export for serving: a trained model as a CTranslate2 model directory (the same network, CT2's weight layout).
+
+How our model maps onto CTranslate2's Transformer (checked against its C++ layers, version 4.8):
+- token embeddings ×√d_model: CT2's `scale_embeddings` multiplies by √(embedding width) = √d_model;
+- positions: CT2's built-in sinusoids are OpenNMT-tf's (all sines then all cosines, positions counted from 1),
+  ours interleave sin/cos from position 0 (§3.5), so the table is written out as `position_encodings`
+  (sinusoidal: max(max_len, 1024) rows, 1024 being CT2's default max_input_length; learned: the trained table);
+- shared source/target/pre-softmax weights: one matrix, stored once (CT2 aliases equal variables);
+- post-LN or pre-LN (`pre_norm`, with the final LayerNorm of pre-LN stacks); our LayerNorm epsilon goes into
+  config.json, which CT2 reads;
+- attention projections without bias (optional in CT2), query/key/value fused in CT2's order; a head size
+  d_k ≠ d_model/h is CT2's `head_dim`, which also sets its 1/√d_k query scale;
+- vocabulary: the SentencePiece pieces in id order (<pad> 0, </s> 1 = EOS, <s> 2 = BOS, the decoder's start
+  token, <unk> 3); CT2 appends </s> to the source itself, so clients pass SentencePiece pieces unchanged.
+  The SentencePiece model is copied into the directory as spm.model.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sentencepiece as spm
+from ctranslate2.specs import common_spec, transformer_spec
+
+from transformer_jax.model import sinusoidal_encoding
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+# Weight types of the exported model. CT2 computes in a type the device supports: on a CPU without float16
+# arithmetic, 'float16' runs as float32 and 'int8_float16' as int8 with float32 (the GPU types).
+QUANTIZATIONS = (None, 'float32', 'int8', 'int8_float16', 'float16')
+SINUSOIDAL_POSITIONS = 1024
+SPECIAL_PIECES = {PAD_ID: '<pad>', EOS_ID: '</s>', BOS_ID: '<s>', UNK_ID: '<unk>'}
+SPM_FILE = 'spm.model'
+
+
+def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | os.PathLike,
+                       out_dir: str | os.PathLike, quantization: str | None = None) -> Path:
+  """Writes `params` of a model built from `model_config` (a ModelConfig or the config's `model` section) as a
+  CTranslate2 model directory `out_dir` (new or empty; written whole or not at all), for
+  `ctranslate2.Translator(out_dir)`. Returns out_dir."""
+  if not isinstance(model_config, ModelConfig):
+    model_config = ModelConfig.from_dict(model_config)
+  check_exportable(model_config, quantization)
+  out_dir = Path(out_dir)
+  if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    raise ValueError(f'{out_dir} exists and is not an empty directory: pass a new export directory.')
+  vocabulary = spm_vocabulary(spm_model_path, model_config.vocab_size)
+  # Writable float32 copies: CT2 quantizes the arrays it is given in place.
+  weights = jax.tree.map(lambda x: np.array(x, np.float32), jax.device_get(nn.unbox(params)))
+  spec = transformer_model_spec(model_config, weights)
+  spec.register_source_vocabulary(vocabulary)
+  spec.register_target_vocabulary(vocabulary)
+  spec.register_file(str(spm_model_path), SPM_FILE)
+  spec.validate()
+  spec.optimize(quantization=quantization)
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f'.{out_dir.name}.', dir=out_dir.parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(staging, 0o777 & ~umask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
+  try:
+    spec.save(staging)
+    if out_dir.exists():
+      out_dir.rmdir()
+    os.rename(staging, out_dir)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return out_dir
+
+
+def check_exportable(model_config: ModelConfig, quantization: str | None = None) -> None:
+  """Refuses what CTranslate2 cannot represent, in one line that says what to do."""
+  if quantization not in QUANTIZATIONS:
+    raise ValueError(f'quantization={quantization!r}: use one of {QUANTIZATIONS}.')
+  if model_config.head_dim_k != model_config.head_dim_v:
+    raise ValueError(
+        f'CTranslate2 splits one fused key/value projection into equal halves, so it needs d_k == d_v (got '
+        f'{model_config.head_dim_k} and {model_config.head_dim_v}): export a model trained with equal d_k and d_v.')
+
+
+def spm_vocabulary(spm_model_path: str | os.PathLike, vocab_size: int) -> list[str]:
+  """The SentencePiece pieces in id order, checked against the model's vocabulary and our reserved ids."""
+  if not Path(spm_model_path).is_file():
+    raise ValueError(f'no SentencePiece model at {spm_model_path}: pass the run\'s WORKDIR/tokenizer/spm.model.')
+  processor = spm.SentencePieceProcessor(model_file=str(spm_model_path))
+  pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+  if len(pieces) != vocab_size:
+    raise ValueError(f'{spm_model_path} has {len(pieces)} pieces but the model has vocab_size={vocab_size}: pass '
+                     'the SentencePiece model the model was trained with.')
+  special = {i: pieces[i] for i in SPECIAL_PIECES}
+  if special != SPECIAL_PIECES:
+    raise ValueError(f'{spm_model_path} has the reserved pieces {special}, expected {SPECIAL_PIECES}: pass the '
+                     'SentencePiece model the model was trained with.')
+  return pieces
+
+
+def transformer_model_spec(cfg: ModelConfig, weights) -> transformer_spec.TransformerSpec:
+  """CT2's TransformerSpec of `cfg` holding `weights` (our params as float32 numpy arrays)."""
+  pre = cfg.norm == 'pre'
+  head_dim = cfg.head_dim_k if cfg.head_dim_k * cfg.num_heads != cfg.d_model else None
+  common = dict(pre_norm=pre, no_final_norm=not pre, activation=common_spec.Activation.RELU, head_dim=head_dim)
+  spec = transformer_spec.TransformerSpec(
+      transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **common),
+      transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **common))
+  spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
+  spec.config.unk_token, spec.config.bos_token = SPECIAL_PIECES[UNK_ID], SPECIAL_PIECES[BOS_ID]
+  spec.config.eos_token, spec.config.decoder_start_token = SPECIAL_PIECES[EOS_ID], SPECIAL_PIECES[BOS_ID]
+  spec.config.add_source_eos = True  # our sources end with EOS
+
+  if cfg.share_embeddings:
+    source = target = _get(weights, 'shared_embedding', 'embedding')
+    output = target
+  else:
+    source = _get(weights, 'source_embedding', 'embedding')
+    target = _get(weights, 'target_embedding', 'embedding')
+    output = _get(weights, 'decoder', 'logits', 'kernel').T
+  spec.encoder.embeddings[0].weight = source
+  spec.decoder.embeddings.weight = target
+  spec.decoder.projection.weight = np.ascontiguousarray(output)
+
+  for side, stack in (('encoder', spec.encoder), ('decoder', spec.decoder)):
+    stack.position_encodings.encodings = _positions(cfg, weights, side)
+    if pre:
+      _set_norm(stack.layer_norm, _get(weights, side, 'final_norm'))
+  for i, layer in enumerate(spec.encoder.layer):
+    w = _get(weights, 'encoder', f'layer_{i}')
+    _set_attention(layer.self_attention, w, 'self_attention', fused_qkv=True)
+    _set_ffn(layer.ffn, w)
+  for i, layer in enumerate(spec.decoder.layer):
+    w = _get(weights, 'decoder', f'layer_{i}')
+    _set_attention(layer.self_attention, w, 'self_attention', fused_qkv=True)
+    _set_attention(layer.attention, w, 'cross_attention', fused_qkv=False)
+    _set_ffn(layer.ffn, w)
+  return spec
+
+
+def _get(tree, *path):
+  for i, key in enumerate(path):
+    if key not in tree:
+      raise ValueError(f'the params have no {"/".join(path[:i + 1])}: pass the params of a model built from this '
+                       'model config.')
+    tree = tree[key]
+  return tree
+
+
+def _positions(cfg: ModelConfig, weights, side: str) -> np.ndarray:
+  if cfg.positional == 'learned':
+    return _get(weights, side, 'embedder', 'position_embedding', 'embedding')
+  rows = max(cfg.max_len, SINUSOIDAL_POSITIONS)
+  return np.asarray(sinusoidal_encoding(jnp.arange(rows), cfg.d_model), np.float32)
+
+
+def _set_norm(spec, w) -> None:
+  spec.gamma, spec.beta = _get(w, 'scale'), _get(w, 'bias')
+
+
+def _input_projection(w) -> np.ndarray:
+  """A [d_model, heads, d] kernel as CT2's [heads·d, d_model] weight (head-major rows, as CT2 splits them)."""
+  kernel = _get(w, 'kernel')
+  return kernel.reshape(kernel.shape[0], -1).T
+
+
+def _set_attention(spec, layer_weights, name: str, *, fused_qkv: bool) -> None:
+  """CT2's attention: linear_0 = [q; k; v] (self) or q with linear_1 = [k; v] (cross); the last = output."""
+  w = _get(layer_weights, name)
+  query, key, value = (_input_projection(_get(w, part)) for part in ('query', 'key', 'value'))
+  if fused_qkv:
+    spec.linear[0].weight = np.concatenate([query, key, value])
+  else:
+    spec.linear[0].weight = np.ascontiguousarray(query)
+    spec.linear[1].weight = np.concatenate([key, value])
+  out = _get(w, 'out', 'kernel')  # [heads, d_v, d_model]
+  spec.linear[-1].weight = np.ascontiguousarray(out.reshape(-1, out.shape[-1]).T)
+  _set_norm(spec.layer_norm, _get(layer_weights, f'{name}_block', 'norm'))
+
+
+def _set_ffn(spec, layer_weights) -> None:
+  for linear, name in ((spec.linear_0, 'wi'), (spec.linear_1, 'wo')):
+    linear.weight = np.ascontiguousarray(_get(layer_weights, 'ffn', name, 'kernel').T)
+    linear.bias = _get(layer_weights, 'ffn', name, 'bias')
+  _set_norm(spec.layer_norm, _get(layer_weights, 'ffn_block', 'norm'))
+
