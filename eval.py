@@ -19,18 +19,19 @@ from transformer_jax import distributed
 _CONFIG = cli.define_config_overrides_flag(config_lib.base_config(),
                                            'Overrides of the run\'s saved config: --config.KEY=VALUE.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
-_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to evaluate (default: the latest).')
-_AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'Average the params of the last K checkpoints (§6.1).')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to evaluate (default: the latest).', lower_bound=0)
+_AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'Average the params of the last K checkpoints (§6.1).',
+                                     lower_bound=1)
 _SAVE_AVERAGED = flags.DEFINE_bool('save_averaged', False, 'Also save the averaged params as a checkpoint.')
 _SPLIT = flags.DEFINE_string('split', None, 'Split to evaluate (default: the config\'s eval.test_split).')
 distributed.define_flags()
+flags.register_validator('step', lambda step: step is None or _AVERAGE_LAST.value is None,
+                         message='pass either --step or --average_last, not both.')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}.')
-  if _STEP.value is not None and _AVERAGE_LAST.value is not None:
-    raise app.UsageError('pass either --step or --average_last, not both.')
   distributed.initialize_from_flags()
   from transformer_jax import inference, reporting, scoring  # pylint: disable=import-outside-toplevel
   reporting.quiet_library_logs()

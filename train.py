@@ -9,6 +9,7 @@ from absl import logging
 from transformer_jax import cli
 from transformer_jax import cpu_backend
 from transformer_jax import distributed
+from transformer_jax import preemption
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 _CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:arguments]).')
@@ -23,16 +24,23 @@ distributed.define_flags()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.key=value.')
-  reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
-  reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
-  distributed.initialize_from_flags()
-  from transformer_jax import config, reporting, scoring, trainer  # pylint: disable=import-outside-toplevel
-  reporting.quiet_library_logs()
-  config.validate(_CONFIG.value)
-  logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
-  result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  if result['metrics'].get('step') == _CONFIG.value.train.num_steps:
-    scoring.final_report(_CONFIG.value, _WORKDIR.value)
+  with preemption.StopRequest(multi_process=distributed.requested()) as stop:  # from here to the final report
+    reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
+    reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
+    distributed.initialize_from_flags()
+    from transformer_jax import config, reporting, scoring, trainer  # pylint: disable=import-outside-toplevel
+    reporting.quiet_library_logs()
+    config.validate(_CONFIG.value)
+    logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
+    result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop)
+    if result['metrics'].get('step') != _CONFIG.value.train.num_steps:
+      return
+    try:
+      with stop.raising():  # training is saved: a signal now ends the report, not the run's work
+        scoring.final_report(_CONFIG.value, _WORKDIR.value)
+    except preemption.StopRequested as signal:
+      logging.warning('stopped during the final evaluation (%s): training is saved at step %d; evaluate it with '
+                      'python eval.py --workdir=%s', signal, result['metrics']['step'], _WORKDIR.value)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ import pytest
 
 from configs import presets
 from transformer_jax import config as config_lib
-from transformer_jax import sweep
+from transformer_jax import files
 from configs.table3 import VARIANTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +55,7 @@ def _all_args():
   """(file, argument) for every config file: no argument, each name it accepts, and a combination."""
   cases = []
   for name in _config_files():
-    module = sweep._load_module(os.path.join(CONFIG_DIR, f'{name}.py'), 'probe')
+    module = files.load_python(os.path.join(CONFIG_DIR, f'{name}.py'), 'get_config', 'config file')
     args = list(getattr(module, 'ARGS', ()))
     cases += [(name, None)] + [(name, arg) for arg in args]
     if args:

@@ -95,11 +95,12 @@ def test_averaging(trained, tmp_path):
   for step in (1, 2, 3):
     checkpoint.save(manager, step, {'params': restored.params}, force=True)
   manager.wait_until_finished()
-  mean = checkpoint.average_params(manager, [1, 2, 3], inference.abstract_params(restored.model, restored.mesh,
-                                                                                   restored.rules))
+  mean, steps = checkpoint.average_params(manager, [1, 2, 3], inference.abstract_params(restored.model, restored.mesh,
+                                                                                          restored.rules))
+  assert steps == [1, 2, 3]
   for a, b in zip(jax.tree.leaves(_host(mean)), jax.tree.leaves(_host(restored.params))):
     np.testing.assert_array_equal(a, b)
-  with pytest.raises(ValueError, match='holds 3'):
+  with pytest.raises(ValueError, match=r'asked to average 9 checkpoints but only 3 of .* restore'):
     inference.restore(config, workdir, average_last=9)
 
 

@@ -22,7 +22,6 @@ from transformer_jax import cli  # noqa: E402
 from transformer_jax import config as config_lib  # noqa: E402
 from transformer_jax import inference  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
-from transformer_jax.tokens import EOS_ID  # noqa: E402
 
 KINDS = {'encoder': ('encoder', 'self_attention'), 'decoder': ('decoder', 'self_attention'),
          'cross': ('decoder', 'cross_attention')}
@@ -66,14 +65,32 @@ def plot_heads(weights: np.ndarray, query_tokens: list[str], key_tokens: list[st
   return path
 
 
+def _check_request(restored, sentence: str, target: str | None, out_dir: str, layers, head) -> None:
+  """Everything a plot needs, checked before any work: one line naming the flag that is wrong."""
+  cfg = restored.model.config
+  if not sentence.strip():
+    raise ValueError('--sentence is blank: pass the source sentence to plot.')
+  if target is not None and not target.strip():
+    raise ValueError('--target is blank: pass a translation, or leave --target out to use the model\'s own.')
+  layer_count = min(cfg.num_encoder_layers, cfg.num_decoder_layers)
+  for layer in layers or ():
+    if not 0 <= layer < layer_count:
+      raise ValueError(f'--layer={layer} is out of range: the model has layers 0..{layer_count - 1}.')
+  if head is not None and not 0 <= head < cfg.num_heads:
+    raise ValueError(f'--head={head} is out of range: the model has heads 0..{cfg.num_heads - 1}.')
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise ValueError(f'--out={out_dir} is a file: pass a directory for the PNG files.')
+
+
 def plot_sentence(restored, sentence: str, out_dir: str, *, target: str | None = None, kinds=tuple(KINDS),
                   layers=None, head=None) -> list[str]:
   """Writes one PNG per (kind, layer) for `sentence`; returns the paths."""
-  tok = restored.tokenizer
-  source_ids = tok.encode(sentence) + [EOS_ID]
+  _check_request(restored, sentence, target, out_dir, layers, head)
+  tok, max_len = restored.tokenizer, restored.model.config.max_len
+  (source_ids,) = inference.encode_lines([sentence], tok, max_len, False, what='--sentence', fix='shorten it')
   if target is None:
     target = inference.translate_lines(restored, [sentence])[0]
-  target_ids = tok.encode(target) + [EOS_ID]
+  (target_ids,) = inference.encode_lines([target], tok, max_len, False, what='the target', fix='shorten it')
   maps = attention_maps(restored, source_ids, target_ids)
   src_tokens = [tok.id_to_piece(i) for i in source_ids]
   tgt_tokens = [tok.id_to_piece(i) for i in target_ids]
@@ -93,13 +110,13 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.')
 _SENTENCE = flags.DEFINE_string('sentence', None, 'Source sentence.')
 _TARGET = flags.DEFINE_string('target', None, 'Target sentence (default: the model\'s translation).')
 _KIND = flags.DEFINE_enum('kind', 'all', ['all', *KINDS], 'Which attention.')
-_LAYER = flags.DEFINE_integer('layer', None, 'Layer (default: all).')
-_HEAD = flags.DEFINE_integer('head', None, 'Head (default: all heads in a grid).')
+_LAYER = flags.DEFINE_integer('layer', None, 'Layer (default: all).', lower_bound=0)
+_HEAD = flags.DEFINE_integer('head', None, 'Head (default: all heads in a grid).', lower_bound=0)
 _OUT = flags.DEFINE_string('out', 'attention_maps', 'Output directory for the PNG files.')
 
 
 def main(argv):
-  if len(argv) > 1 or not _WORKDIR.value or not _SENTENCE.value:
+  if len(argv) > 1 or not _WORKDIR.value or _SENTENCE.value is None:
     raise app.UsageError('usage: python -m transformer_jax.attention_plots --workdir=DIR --sentence="..."')
   config = config_lib.of_run(_WORKDIR.value)
   restored = inference.restore(config, _WORKDIR.value)

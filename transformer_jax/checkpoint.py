@@ -3,7 +3,10 @@
 Layout: `<checkpoints>/<step>/state` (`Workdir.checkpoints`) holds {'step', 'params', 'opt_state', 'rng'} (PyTree handler,
 so params alone can be restored onto any mesh), `<step>/data` holds each process's input-iterator state
 (grain's handler, one JSON file per process). Orbax writes each step to a temporary directory and renames
-it when complete, so a crash mid-save leaves the previous step restorable.
+it when complete, so a crash mid-save leaves the previous step restorable; a training run removes such stale
+temporary directories when it starts. A finished step that no longer restores (a truncated file, damaged
+metadata) never blocks a run: `restore_newest` names it and falls back to the newest step that restores, and a
+training run sets it aside as `<step>.damaged` (kept, never deleted) so that it can save that step again.
 """
 
 import os
@@ -14,14 +17,26 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from transformer_jax.errors import one_line
+
 STATE, DATA = 'state', 'data'
+DAMAGED_SUFFIX = '.damaged'
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint is intact but was written by a model of other shapes (a config error, not damage)."""
+
+
+class SaveError(OSError):
+  """A checkpoint could not be written (disk full, permissions): the run stops instead of training on."""
 
 
 def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None, async_save: bool = True,
                  create: bool = True) -> ocp.CheckpointManager:
-  """An orbax manager over `directory` (a `Workdir.checkpoints`) with the state and data-iterator items."""
+  """An orbax manager over `directory` (a `Workdir.checkpoints`) with the state and data-iterator items; a
+  writing one (`create`) first removes the temporary directories of saves a kill interrupted."""
   options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=keep, create=create,
-                                         enable_async_checkpointing=async_save)
+                                         enable_async_checkpointing=async_save, cleanup_tmp_directories=create)
   handlers = {STATE: ocp.PyTreeCheckpointHandler(), DATA: grain.checkpoint.CheckpointHandler()}
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
@@ -38,10 +53,35 @@ def open_existing(directory: str) -> ocp.CheckpointManager:
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict, data_iterator=None, *, force=False) -> bool:
+  """Starts saving `step` (asynchronously when the manager is); an earlier save that failed raises SaveError."""
+  check_saves(manager)
   items = {STATE: ocp.args.PyTreeSave(state)}
   if data_iterator is not None:
     items[DATA] = grain.checkpoint.CheckpointSave(data_iterator)
-  return manager.save(step, args=ocp.args.Composite(**items), force=force)
+  try:
+    return manager.save(step, args=ocp.args.Composite(**items), force=force)
+  except OSError as e:
+    raise _save_error(manager, e) from None
+
+
+def check_saves(manager: ocp.CheckpointManager, wait: bool = False) -> None:
+  """Raises SaveError if an asynchronous save failed (after waiting for the one in flight if `wait`)."""
+  try:
+    if wait:
+      manager.wait_until_finished()
+    manager.check_for_errors()
+  except Exception as e:  # pylint: disable=broad-except  # orbax re-raises its writer thread's error as it was
+    raise _save_error(manager, e) from None
+
+
+def _save_error(manager, error: BaseException) -> SaveError:
+  cause = error
+  while cause.__cause__ is not None or cause.__context__ is not None:
+    cause = cause.__cause__ or cause.__context__
+  reason = getattr(cause, 'strerror', None) or one_line(cause)
+  return SaveError(f'saving a checkpoint in {manager.directory} failed ({reason}); the last good checkpoint is step '
+                   f'{manager.latest_step()}. Free disk space (or fix the permissions) and rerun the same command to '
+                   'resume from it.')
 
 
 def _restore_args(abstract_tree):
@@ -60,7 +100,7 @@ def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params) -> 
   problems = [f'{k}: checkpoint {saved_shapes.get(k, "missing")} vs config {wanted.get(k, "missing")}'
               for k in sorted(set(saved_shapes) | set(wanted)) if saved_shapes.get(k) != wanted.get(k)]
   if problems:
-    raise ValueError(f'the checkpoint at step {step} in {manager.directory} was written by a model of other shapes '
+    raise CheckpointMismatchError(f'the checkpoint at step {step} in {manager.directory} was written by a model of other shapes '
                      f'than the config ({len(problems)} differences): ' + '; '.join(problems[:12])
                      + ('; …' if len(problems) > 12 else '') + '. Use the config it was trained with or another '
                      'workdir.')
@@ -85,23 +125,71 @@ def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params):
   return manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]['params']
 
 
-def average_params(manager: ocp.CheckpointManager, steps, abstract_params):
-  """The element-wise mean of the params of `steps` (§6.1 checkpoint averaging).
+def average_params(manager: ocp.CheckpointManager, steps, abstract_params, count: int | None = None):
+  """(mean, averaged steps): the element-wise mean of the params of the first `count` of `steps` (all of them by
+  default) that restore (§6.1 checkpoint averaging). A damaged step is named in a warning and skipped, so
+  `steps` newest first averages the newest `count` that restore.
 
   A running mean in float32, m += (x - m) / k, so averaging identical checkpoints returns them bit for bit.
   """
-  if not steps:
-    raise ValueError('no checkpoints to average.')
-  mean = None
-  for k, step in enumerate(steps, 1):
-    params = jax.tree.map(lambda x: x.astype(np.float32), restore_params(manager, step, abstract_params))
-    mean = params if mean is None else jax.tree.map(lambda m, x: m + (x - m) / k, mean, params)
-  return jax.tree.map(lambda m, ref: m.astype(ref.dtype), mean, abstract_params)
+  steps = list(steps)
+  count = len(steps) if count is None else count
+  mean, used = None, []
+  for step in steps:
+    if len(used) == count:
+      break
+    try:
+      params = restore_params(manager, step, abstract_params)
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # a damaged step: as in restore_newest
+      logging.warning('checkpoint step %d in %s does not restore (%s): averaging without it', step,
+                      manager.directory, one_line(e))
+      continue
+    used.append(step)
+    params = jax.tree.map(lambda x: x.astype(np.float32), params)
+    mean = params if mean is None else jax.tree.map(lambda m, x, k=len(used): m + (x - m) / k, mean, params)
+  if len(used) < count:
+    raise ValueError(f'asked to average {count} checkpoints but only {len(used)} of {manager.directory} restore '
+                     f'(steps {sorted(used)} of {sorted(steps)}); lower --average_last or keep more '
+                     '(train.keep_checkpoints).')
+  return jax.tree.map(lambda m, ref: m.astype(ref.dtype), mean, abstract_params), sorted(used)
 
 
-def last_steps(manager: ocp.CheckpointManager, count: int) -> list[int]:
-  steps = sorted(manager.all_steps())
-  if count > len(steps):
-    raise ValueError(f'asked to average the last {count} checkpoints but {manager.directory} holds {len(steps)} '
-                     f'(steps {steps}); lower --average_last or keep more (train.keep_checkpoints).')
-  return steps[-count:]
+def restore_newest(manager: ocp.CheckpointManager, restore_step, steps=None):
+  """(step, restore_step(step)) for the newest of `steps` (default: all) that restores, and the newer steps
+  that did not. A damaged step is named in a warning and skipped; a model mismatch is raised as it is."""
+  candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
+  broken = []
+  for step in candidates:
+    try:
+      result = restore_step(step)
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and json each raise their own
+      logging.warning('checkpoint step %d in %s does not restore (%s): trying the one before', step,
+                      manager.directory, one_line(e))
+      broken.append(step)
+      continue
+    if broken:
+      logging.warning('restored step %d of %s: the newer checkpoint(s) %s are damaged', step, manager.directory,
+                      broken)
+    return step, result, broken
+  raise ValueError(f'no checkpoint in {manager.directory} restores (damaged: steps {broken}): restore the directory '
+                   'from a copy, or train in a new workdir.')
+
+
+def set_aside(manager: ocp.CheckpointManager, steps) -> list[str]:
+  """Renames damaged steps to `<step>.damaged` (kept for inspection; orbax no longer sees them); returns the new
+  paths. Call on one process; the manager is reloaded."""
+  paths = []
+  for step in steps:
+    source = os.path.join(manager.directory, str(step))
+    target = source + DAMAGED_SUFFIX
+    index = 1
+    while os.path.exists(target):
+      target, index = f'{source}{DAMAGED_SUFFIX}{index}', index + 1
+    os.rename(source, target)
+    paths.append(target)
+  manager.reload()
+  return paths

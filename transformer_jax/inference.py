@@ -89,16 +89,20 @@ def restore(config, workdir: str, *, step: int | None = None, average_last: int 
   rules = sharding.rules_from_config(config.mesh)
   manager = checkpoint.open_existing(run_dir.checkpoints)
   target = abstract_params(model, mesh, rules)
-  if average_last:
-    chosen = checkpoint.last_steps(manager, average_last)
-    params = checkpoint.average_params(manager, chosen, target)
-  else:
-    chosen = [manager.latest_step() if step is None else step]
-    if chosen[0] not in manager.all_steps():
-      raise ValueError(f'no checkpoint of step {step} in {run_dir.checkpoints}; '
-                       f'available steps: {sorted(manager.all_steps())}.')
-    params = checkpoint.restore_params(manager, chosen[0], target)
-  manager.close()
+  try:
+    if average_last:
+      params, chosen = checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), target,
+                                                 count=average_last)
+    elif step is None:
+      latest, params, _ = checkpoint.restore_newest(manager, lambda s: checkpoint.restore_params(manager, s, target))
+      chosen = [latest]
+    else:
+      if step not in manager.all_steps():
+        raise ValueError(f'no checkpoint of step {step} in {run_dir.checkpoints}; '
+                         f'available steps: {sorted(manager.all_steps())}.')
+      params, chosen = checkpoint.restore_params(manager, step, target), [step]
+  finally:
+    manager.close()
   logging.info('restored params of steps %s', chosen)
   return Restored(config, model, params, tok, mesh, rules, chosen)
 
@@ -177,7 +181,8 @@ def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'be
     inputs = jax.make_array_from_process_local_data(batch_sharding, batch['inputs'])
     tokens, _ = generate(restored.params, inputs, jax.random.key(0), model=restored.model, method=method,
                          beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha,
-                         max_decode_len=batch['inputs'].shape[1] + decode_cfg.max_len_offset)
+                         max_decode_len=restored.model.config.decode_length(batch['inputs'].shape[1],
+                                                                            decode_cfg.max_len_offset))
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))[:, 0]
     indices = np.asarray(multihost_utils.process_allgather(batch['example_index'], tiled=True))
     for index, ids in zip(indices, tokens):
@@ -188,6 +193,7 @@ def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'be
 def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   """Detokenized translations of every pair's source, in order."""
   batches = pipeline.make_eval_batches(pairs, restored.tokenizer, decode_cfg.batch_size,
+                                       max_length=restored.model.config.position_limit,
                                        process_index=jax.process_index(), process_count=jax.process_count())
   out = [''] * len(pairs)
   with restored.on_mesh():
@@ -196,15 +202,16 @@ def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   return out
 
 
-def encode_lines(lines, tokenizer, max_len: int, truncate: bool) -> list[list[int]]:
-  """Token ids with EOS for each line; an over-long line is an error naming it, or cut with --truncate."""
+def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
+                 what: str = 'input line {number}', fix: str = 'shorten it or pass --truncate') -> list[list[int]]:
+  """Token ids with EOS for each line; an over-long line is an error naming it (`what`, `fix`), or cut."""
   encoded = []
   for number, line in enumerate(lines, 1):
     ids = tokenizer.encode(line) + [EOS_ID]
     if len(ids) > max_len:
       if not truncate:
-        raise ValueError(f'input line {number} has {len(ids)} tokens, more than the model\'s max length {max_len}: '
-                         'shorten it or pass --truncate.')
+        raise ValueError(f'{what.format(number=number)} has {len(ids)} tokens, more than the model\'s max length '
+                         f'{max_len}: {fix}.')
       ids = ids[:max_len - 1] + [EOS_ID]
     encoded.append(ids)
   return encoded

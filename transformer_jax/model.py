@@ -71,10 +71,11 @@ class Embedder(nn.Module):
     x = self.embedding(tokens) * math.sqrt(cfg.d_model)
     if cfg.positional == 'sinusoidal':
       pe = sinusoidal_encoding(positions, cfg.d_model)
-    else:
+    else:  # a table of max_len rows: padding past it reads the last row (real tokens never get there, see
+      # ModelConfig.position_limit), where an out-of-range lookup would be NaN and leak through attention
       pe = nn.Embed(cfg.max_len, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
                     embedding_init=_param(nn.initializers.normal(cfg.d_model ** -0.5), ('length', 'embed')),
-                    name='position_embedding')(positions)
+                    name='position_embedding')(jnp.minimum(positions, cfg.max_len - 1))
     x = (x + pe).astype(cfg.compute_dtype)
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
     return _constrain(x, ('batch', 'length', 'embed'))

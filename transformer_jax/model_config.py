@@ -80,6 +80,17 @@ class ModelConfig:
     return self.d_v or self.d_model // self.num_heads
 
   @property
+  def position_limit(self) -> int | None:
+    """The most tokens a sequence may have: max_len with learned positions (a table of that many rows), else no
+    limit. Training filters longer examples, evaluation cuts longer sentences, decoding stops there."""
+    return self.max_len if self.positional == 'learned' else None
+
+  def decode_length(self, input_length: int, max_len_offset: int) -> int:
+    """Output tokens allowed for an input of `input_length` tokens: input + offset (§6.1), within the limit."""
+    wanted = input_length + max_len_offset
+    return wanted if self.position_limit is None else min(wanted, self.position_limit)
+
+  @property
   def use_cpu_kernels(self) -> bool:
     return cpu_backend.enabled(self.cpu_kernels)
 

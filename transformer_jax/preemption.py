@@ -1,36 +1,69 @@
 """Stop requests: SIGTERM (a scheduler's preemption notice) or SIGINT (Ctrl-C) -> save and stop after a step.
 
-One process: Python signal handlers set a flag. Several processes: JAX's preemption service (started by
-`jax.distributed.initialize`) catches SIGTERM, and orbax's `reached_preemption` makes every host agree on the
-same step to stop at, without a collective on every step; Python must not take SIGTERM over from it there
-(and SIGINT keeps its default there: one host's Ctrl-C cannot be agreed on without that collective).
+One process: Python signal handlers, installed by train.py at the start of `main` and kept through the final
+report, set a flag that the loop reads after every step (and once before the first), so a signal during start-up,
+during the save that a stop triggers, or a second signal, never kills the run mid-write. During the final report
+(training is saved by then) a signal stops the report at once (`StopRequested`).
+
+Several processes: JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM, and orbax's
+`reached_preemption` makes every host agree on the same step to stop at, without a collective on every step;
+Python must not take SIGTERM over from it there (SIGINT keeps its default: one host's Ctrl-C cannot be agreed on
+without that collective).
 """
 
+import contextlib
 import signal
 
-import jax
 from absl import logging
 
 
-class StopRequest:
-  """`requested(step)`: whether the run should save and stop after `step`. `close()` restores the handlers."""
+class StopRequested(Exception):
+  """A signal arrived where no step is running to finish first (the final report): stop now."""
 
-  def __init__(self, manager):
-    self._manager = manager
-    self._signalled = False
-    self._multi_process = jax.process_count() > 1
-    signals = () if self._multi_process else (signal.SIGTERM, signal.SIGINT)
-    self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+
+class StopRequest:
+  """Whether the run should save and stop; a context manager that owns the signal handlers while it is open."""
+
+  def __init__(self, multi_process: bool = False):
+    self._multi_process = multi_process
+    self._signalled = None
+    self._raise = False
+    self._manager = None
+    self._previous = {}
+
+  def __enter__(self) -> 'StopRequest':
+    if not self._multi_process:
+      self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
   def _handle(self, signum, frame):
-    logging.warning('received signal %d: saving and stopping after this step', signum)
-    self._signalled = True
+    if self._raise:
+      raise StopRequested(f'signal {signum}')
+    if self._signalled is None:
+      logging.warning('received signal %d: saving and stopping after this step', signum)
+    self._signalled = signum
+
+  def watch(self, manager) -> None:
+    """The checkpoint manager whose `reached_preemption` decides for several processes."""
+    self._manager = manager
 
   def requested(self, step: int) -> bool:
     if self._multi_process:
-      return bool(self._manager.reached_preemption(step))
-    return self._signalled
+      return bool(self._manager is not None and self._manager.reached_preemption(step))
+    return self._signalled is not None
 
-  def close(self):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
+  @contextlib.contextmanager
+  def raising(self):
+    """Inside, a signal (or one that came before) raises `StopRequested` instead of waiting for a step."""
+    if self._signalled is not None:
+      raise StopRequested(f'signal {self._signalled}')
+    self._raise = True
+    try:
+      yield
+    finally:
+      self._raise = False

@@ -7,6 +7,7 @@ import os
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from transformer_jax import checkpoint
 from transformer_jax import inference
@@ -36,11 +37,13 @@ def validate(eval_config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'eval.{key} must be >= {low}, got {eval_config[key]}.')
 
 
-def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None) -> dict:
-  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split."""
+def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
+                   max_length: int | None = None) -> dict:
+  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split;
+  sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
-                                       process_count=jax.process_count())
+                                       process_count=jax.process_count(), max_length=max_length)
   for i, batch in enumerate(batches):
     if max_batches is not None and i >= max_batches:
       break
@@ -56,7 +59,7 @@ def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
   eval_fn = steps.jit_eval_step(restored.model, restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
     return teacher_forced(restored.params, eval_fn, pairs, restored.tokenizer, restored.mesh,
-                          restored.config.eval.batch_size)
+                          restored.config.eval.batch_size, max_length=restored.model.config.position_limit)
 
 
 def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]) -> dict[str, str]:
@@ -81,8 +84,16 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
   """
   config, run_dir = restored.config, Workdir(workdir)
+  for key in ('eval.batch_size', 'decode.batch_size'):
+    section, name = key.split('.')
+    sharding.check_batch_divisible(config[section][name], restored.mesh, key)
   pairs = sources.load_split(config.data, split)
-  scores = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
+  limit = restored.model.config.position_limit
+  cut = pipeline.count_over(pairs, restored.tokenizer, limit)
+  if cut:
+    logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
+                    'scoring (results.json: cut_sentences)', cut, split, limit, limit)
+  losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
   hypotheses = inference.translate_pairs(restored, pairs, config.decode)
   sources_text = [src for src, _ in pairs]
   references = [tgt for _, tgt in pairs]
@@ -91,7 +102,7 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
              **scores.corpus_scores(hypotheses, references), 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
              'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
-             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, **scores}
+             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
   if jax.process_index() == 0:
     results['translations'] = write_translations(
         run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references})

@@ -139,23 +139,27 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(('data', 'fsdp')))
 
 
-def check_batch_divisible(global_batch: int, mesh: Mesh, what: str):
-  size = data_parallel_size(mesh)
+def check_batch_divisible(global_batch: int, mesh: Mesh, what: str, devices: int | None = None):
+  """`global_batch` rows must split over the mesh's data-parallel devices (or `devices`, e.g. all of them)."""
+  size = data_parallel_size(mesh) if devices is None else devices
   if global_batch % size:
-    raise ValueError(f'{what}: a global batch of {global_batch} rows does not divide over the {size} data-parallel '
-                     f'devices (mesh data × fsdp); use a multiple of {size}.')
+    where = 'data-parallel devices (mesh data × fsdp)' if devices is None else 'devices evaluation decodes on'
+    raise ValueError(f'{what}: a global batch of {global_batch} rows does not divide over the {size} {where}; '
+                     f'use a multiple of {size}.')
 
 
 def check_batches(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
   """Every batch size of a run against the mesh, before anything compiles: training rows (packed batch size or
-  the token-budget row multiple), teacher-forced evaluation and decoding."""
+  the token-budget row multiple) and in-training evaluation over the training mesh, and the final evaluation's
+  teacher-forced and decoding batches over all devices (the inference mesh puts every device on the batch)."""
   pipe = config.pipeline
   if pipe.batching == 'packed':
     check_batch_divisible(pipe.batch_size, mesh, 'pipeline.batch_size')
   else:
     check_batch_divisible(pipe.batch_multiple, mesh, 'pipeline.batch_multiple')
   check_batch_divisible(config.eval.batch_size, mesh, 'eval.batch_size')
-  check_batch_divisible(config.decode.batch_size, mesh, 'decode.batch_size')
+  for key, value in (('eval.batch_size', config.eval.batch_size), ('decode.batch_size', config.decode.batch_size)):
+    check_batch_divisible(value, mesh, key, devices=mesh.devices.size)
 
 
 def place_batch(batch: dict, mesh: Mesh) -> dict:

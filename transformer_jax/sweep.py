@@ -34,7 +34,6 @@ import builtins
 import csv
 import dataclasses
 import datetime
-import importlib.util
 import io
 import itertools
 import json
@@ -50,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import ml_collections
 
 from transformer_jax import config as config_lib
+from transformer_jax import files
 from transformer_jax.workdir import Workdir
 
 CONFIG_ARG = 'config_arg'
@@ -178,22 +178,10 @@ def variants(sweep) -> list[Variant]:
 
 def load_sweep_file(path: str):
   """The module of a sweep file (it must define `get_sweep()`)."""
-  module = _load_module(path, 'sweep_file')
-  if not callable(getattr(module, 'get_sweep', None)):
-    raise ValueError(f'{path} defines no get_sweep(); a sweep file returns its variants from get_sweep().')
-  return module
+  return files.load_python(path, 'get_sweep', 'sweep file')
 
 
 # ----------------------------------------------------------------------------- configs
-
-
-def _load_module(path: str, name: str):
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path} does not exist.')
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def config_spec(base: str, variant: Variant) -> str:
@@ -234,12 +222,11 @@ def command(base: str, variant: Variant, root: str, python: str = sys.executable
 
 
 def _read_json(path: str) -> dict | None:
+  """A run's results, or None while it has none (or while they are being written)."""
   try:
-    with open(path, encoding='utf-8') as f:
-      value = json.load(f)
+    return files.read_json(path, 'results')
   except (OSError, ValueError):
     return None
-  return value if isinstance(value, dict) else None
 
 
 def read_metrics(workdir: str) -> list[dict]:

@@ -4,12 +4,14 @@ The math is in `steps.py`; numbers go through `reporting.TrainReport`; stop requ
 teacher-forced evaluation through `scoring`; the run directory's layout through `workdir.Workdir`.
 """
 
+import collections
 import contextlib
 import time
 
 import jax
 import ml_collections
 from absl import logging
+from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
 from transformer_jax import optim
@@ -41,6 +43,7 @@ def default_config() -> ml_collections.ConfigDict:
       'checkpoint_every': 1000,
       'keep_checkpoints': 5,  # at least the number averaged at the end (eval.average_last)
       'async_checkpoints': True,
+      'max_steps_ahead': 2,  # dispatched steps the host may run ahead of the device: how soon a stop is honoured
   })
 
 
@@ -48,7 +51,8 @@ def validate(train: ml_collections.ConfigDict) -> None:
   optim.validate(train)
   if train.on_nonfinite not in NONFINITE_MODES:
     raise ValueError(f'train.on_nonfinite={train.on_nonfinite!r}: use one of {NONFINITE_MODES}.')
-  for key in ('log_every', 'eval_every', 'checkpoint_every', 'grad_accum_steps', 'num_steps', 'eval_batches'):
+  for key in ('log_every', 'eval_every', 'checkpoint_every', 'grad_accum_steps', 'num_steps', 'eval_batches',
+              'max_steps_ahead'):
     if train[key] < 1:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}.')
   if not 0.0 <= train.label_smoothing < 1.0:
@@ -74,15 +78,22 @@ class _CompiledSteps:
     return self._compiled[key](state, batch)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the state and last metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       stop: preemption.StopRequest | None = None) -> dict:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the state and last metrics.
+
+  stop: the stop request whose signal handlers train.py installed at the start of `main` (else one is made here).
+  """
   run_dir = Workdir(workdir)
   run_dir.ensure_writable(jax.process_index())
   with contextlib.ExitStack() as cleanup:  # report, checkpoints and signal handlers are released on any exit
-    return _train(config, run_dir, cleanup)
+    if stop is None:
+      stop = cleanup.enter_context(preemption.StopRequest(multi_process=jax.process_count() > 1))
+    return _train(config, run_dir, stop, cleanup)
 
 
-def _train(config: ml_collections.ConfigDict, run_dir: Workdir, cleanup: contextlib.ExitStack) -> dict:
+def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption.StopRequest,
+           cleanup: contextlib.ExitStack) -> dict:
   train_cfg = config.train
 
   # --- mesh: every batch size must split over the data-parallel devices
@@ -103,18 +114,30 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, cleanup: context
   batch_shape = (sharding.data_parallel_size(mesh), 8)  # any shape: params do not depend on it
   abstract, state_shardings = steps.abstract_state_and_shardings(model, tx, train_cfg.seed, batch_shape, mesh, rules)
 
-  # --- checkpoints: resume from the latest
+  # --- checkpoints: resume from the newest that restores
   manager = checkpoint.make_manager(run_dir.checkpoints, save_every=train_cfg.checkpoint_every,
                                     keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints)
   cleanup.callback(manager.close)
   cleanup.callback(manager.wait_until_finished)  # runs first: callbacks run last-in, first-out
-  latest = manager.latest_step()
-  if latest is not None:
-    state = steps.TrainState.from_dict(checkpoint.restore_state(manager, latest, abstract.as_dict(), train_iter))
+  stop.watch(manager)
+  latest, damaged = None, []
+  if manager.latest_step() is not None:
+    if manager.latest_step() > train_cfg.num_steps:
+      raise ValueError(f'{run_dir.checkpoints} holds step {manager.latest_step()}, past train.num_steps='
+                       f'{train_cfg.num_steps}: nothing to train (nothing was changed); pass a larger '
+                       'train.num_steps to continue, or another --workdir.')
+    latest, restored, damaged = checkpoint.restore_newest(
+        manager, lambda s: checkpoint.restore_state(manager, s, abstract.as_dict(), train_iter))
+    state = steps.TrainState.from_dict(restored)
   else:
     state, _ = steps.create_sharded_state(model, tx, train_cfg.seed, batch_shape, mesh, rules)
   if jax.process_index() == 0:
+    if damaged:
+      logging.warning('set aside damaged checkpoints as %s', checkpoint.set_aside(manager, damaged))
     run_dir.save_config(config)  # only once the checkpoint (if any) matched: a refused config leaves it as it was
+  if damaged and jax.process_count() > 1:
+    multihost_utils.sync_global_devices('damaged checkpoints set aside')
+    manager.reload()
   step = int(jax.device_get(state.step))
 
   report = reporting.TrainReport(run_dir, model.config, train_cfg.num_steps, step, filter_stats)
@@ -138,33 +161,39 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, cleanup: context
     checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
 
   # --- loop
-  stop_request = preemption.StopRequest(manager)
-  cleanup.callback(stop_request.close)
-  last = {}
+  last, in_flight = {}, collections.deque()
+  if stop.requested(step):  # a signal during start-up: nothing new to save
+    report.log(f'stopped before step {step + 1}: nothing was trained; rerun the same command to start.')
+    return {'state': state, 'metrics': {'step': step}, 'tokenizer': tok, 'model': model, 'mesh': mesh}
   with sharding.activate(mesh, rules):
     while step < train_cfg.num_steps:
       host_batch = next(train_iter)
       state, step_metrics = train_fn(state, sharding.place_batch(host_batch, mesh), step)
       step += 1
       report.add(step_metrics, host_batch)
-      stop = stop_request.requested(step)
+      in_flight.append(step_metrics['loss'])
+      if len(in_flight) > train_cfg.max_steps_ahead:  # wait for an older step: the host stays close to the device
+        jax.block_until_ready(in_flight.popleft())
+      checkpoint.check_saves(manager)  # an asynchronous save that failed stops the run here
+      stop_requested = stop.requested(step)
       final = step == train_cfg.num_steps
-      if step % train_cfg.log_every == 0 or final or stop:
+      if step % train_cfg.log_every == 0 or final or stop_requested:
         last = report.flush(step)
         check_finite(last['nonfinite'])
       if step % train_cfg.eval_every == 0 or final:
         start = time.time()
         values = scoring.teacher_forced(state.params, eval_fn, valid_pairs, tok, mesh, config.eval.batch_size,
-                                        max_batches=train_cfg.eval_batches)
+                                        max_batches=train_cfg.eval_batches, max_length=model.config.position_limit)
         report.evaluation(step, values)
         last.update({f'eval_{k}': v for k, v in values.items()})
         report.exclude(time.time() - start)
-      if final or stop or step % train_cfg.checkpoint_every == 0:
+      if final or stop_requested or step % train_cfg.checkpoint_every == 0:
         save()
-      if stop:
-        manager.wait_until_finished()
+      if stop_requested:
+        checkpoint.check_saves(manager, wait=True)  # on disk before it is reported
         report.log(f'preempted: saved step {step} in {run_dir.checkpoints}; rerun the same command to resume.')
         break
+  checkpoint.check_saves(manager, wait=True)
   last['step'] = step
   logging.info('training stopped at step %d', step)
   return {'state': state, 'metrics': last, 'tokenizer': tok, 'model': model, 'mesh': mesh}

@@ -11,10 +11,11 @@
     WORKDIR/train.log                train.py's output when a sweep launches it
 """
 
-import json
 import os
 
 import ml_collections
+
+from transformer_jax import files
 
 # Keys earlier versions wrote into config.json that no longer exist (dropped when such a config is read).
 _REMOVED_KEYS = {'train': ('reuse_host_memory',)}  # now train.py --host_memory
@@ -87,10 +88,7 @@ class Workdir:
 
   def save_config(self, config: ml_collections.ConfigDict) -> None:
     """Writes the resolved config atomically (a reader never sees half a file)."""
-    tmp = self.config_file + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.write(config.to_json_best_effort(indent=2))
-    os.replace(tmp, self.config_file)
+    files.write_atomically(self.config_file, config.to_json_best_effort(indent=2))
 
   def has_config(self) -> bool:
     return os.path.exists(self.config_file)
@@ -101,14 +99,7 @@ class Workdir:
       raise FileNotFoundError(f'workdir {self.path} does not exist: pass the --workdir of a training run.')
     if not self.has_config():
       raise FileNotFoundError(f'{self.config_file} not found: {self.path} is not the workdir of a training run.')
-    try:
-      with open(self.config_file, encoding='utf-8') as f:
-        values = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-      raise ValueError(f'{self.config_file} is not valid JSON ({e}): the file is damaged; restore it from a copy '
-                       'or rerun training in a new workdir.') from None
-    if not isinstance(values, dict):
-      raise ValueError(f'{self.config_file} does not hold a config (a JSON object): the file is damaged.')
+    values = files.read_json(self.config_file, "run's config")
     for section, keys in _REMOVED_KEYS.items():
       for key in keys:
         values.get(section, {}).pop(key, None)

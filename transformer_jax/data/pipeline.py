@@ -320,17 +320,33 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
 
 
 def make_eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_size: int, *,
-                      process_index: int = 0, process_count: int = 1,
-                      length_multiple: int = 16) -> Iterator[dict[str, np.ndarray]]:
+                      process_index: int = 0, process_count: int = 1, length_multiple: int = 16,
+                      max_length: int | None = None) -> Iterator[dict[str, np.ndarray]]:
   """This host's rows of one in-order pass over `pairs`: nothing dropped, nothing repeated.
 
   `batch_size` is global. Each batch is padded to its longest sentence rounded up to
   `length_multiple` (few distinct shapes to compile); the last one is filled with padding rows.
-  'example_index' [B] is each row's index in `pairs`, -1 for padding rows.
+  'example_index' [B] is each row's index in `pairs`, -1 for padding rows. `max_length`: a side
+  longer than this is cut to it, EOS kept (`ModelConfig.position_limit`; `count_over` counts them).
   """
-  encoded = (encode_pair(tokenizer, pairs[i]) for i in range(len(pairs)))
+  encoded = (_cut(encode_pair(tokenizer, pairs[i]), max_length) for i in range(len(pairs)))
   return batch_examples(encoded, batch_size, process_index=process_index, process_count=process_count,
                         length_multiple=length_multiple)
+
+
+def _cut(example: Example, max_length: int | None) -> Example:
+  if max_length is None:
+    return example
+  return {key: ids if len(ids) <= max_length else np.append(ids[:max_length - 1], np.int32(EOS_ID))
+          for key, ids in example.items()}
+
+
+def count_over(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, max_length: int | None) -> int:
+  """How many pairs have a side longer than `max_length` tokens with EOS (those `make_eval_batches` cuts)."""
+  if max_length is None:
+    return 0
+  return sum(max(len(ids) for ids in encode_pair(tokenizer, pairs[i]).values()) > max_length
+             for i in range(len(pairs)))
 
 
 def batch_examples(examples: Iterable[Example], batch_size: int, *, process_index: int = 0,

@@ -28,17 +28,16 @@ Fields of `data_config` (the config's `data` section; `default_config()` gives t
 
 from __future__ import annotations
 
-import codecs
 import collections.abc
 import difflib
 import importlib
 import operator
-import pathlib
 from typing import Any, Sequence
 
 from absl import logging
 import ml_collections
 
+from transformer_jax import files
 from transformer_jax.data import builtin
 
 SOURCES = ('builtin', 'tfds', 'files')
@@ -230,8 +229,8 @@ def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSeque
   paths = _file_paths(data_config, split)
   key = f'files.{split}'
   if set(paths) == {'source', 'target'}:
-    source_lines = _read_lines(paths['source'], f'{key}.source')
-    target_lines = _read_lines(paths['target'], f'{key}.target')
+    source_lines = files.read_text_lines(paths['source'], f'data config key {key}.source')
+    target_lines = files.read_text_lines(paths['target'], f'data config key {key}.target')
     if len(source_lines) != len(target_lines):
       raise ValueError(f'{paths["source"]} has {len(source_lines)} lines but {paths["target"]} '
                        f'has {len(target_lines)}; aligned files need one sentence per line each')
@@ -239,7 +238,7 @@ def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSeque
     pairs = zip(source_lines, target_lines)
   else:
     description = paths['tsv']
-    pairs = _split_tsv(_read_lines(paths['tsv'], f'{key}.tsv'), paths['tsv'])
+    pairs = _split_tsv(files.read_text_lines(paths['tsv'], f'data config key {key}.tsv'), paths['tsv'])
   sources, targets, skipped = _drop_empty(pairs)
   if skipped:
     logging.warning('%s: skipped %d pairs with an empty side', description, skipped)
@@ -248,26 +247,6 @@ def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSeque
                      f'({skipped} skipped as empty)')
   logging.info('%s: %d pairs for split %s', description, len(sources), split)
   return PairSequence(sources, targets, skipped_empty=skipped)
-
-
-def _read_lines(path: str, key: str) -> list[str]:
-  """All lines of a UTF-8 file (strict), without line ends and without a leading BOM."""
-  try:
-    data = pathlib.Path(path).read_bytes()
-  except FileNotFoundError as e:
-    raise FileNotFoundError(f'{path} does not exist: fix data config key {key}') from e
-  if data.startswith(codecs.BOM_UTF8):
-    data = data[len(codecs.BOM_UTF8):]
-  try:
-    text = data.decode('utf-8')
-  except UnicodeDecodeError as e:
-    line = data.count(b'\n', 0, e.start) + 1
-    raise ValueError(f'{path}: line {line} is not valid UTF-8 ({e.reason} at byte {e.start}); '
-                     'convert the file to UTF-8') from e
-  lines = text.split('\n')  # not splitlines(): it also splits on \x0b, \x1c, \u2028, ...
-  if lines[-1] == '':
-    lines.pop()
-  return lines
 
 
 def _split_tsv(lines: list[str], path: str) -> list[tuple[str, str]]:

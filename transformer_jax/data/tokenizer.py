@@ -8,7 +8,6 @@ and by evaluation, so training, restarts and evaluation all see the same ids.
 import io
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -19,6 +18,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 from sentencepiece import sentencepiece_model_pb2
 
+from transformer_jax import files
 from transformer_jax.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
 
 MODEL_TYPES = ('bpe', 'unigram')
@@ -120,22 +120,14 @@ def train_tokenizer(config: ml_collections.ConfigDict,
   return model.getvalue()
 
 
-def _write_atomically(path: str, data: bytes):
-  """Writes via a temp file in the same directory and a rename: never a half-written model."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.spm-', suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
-
-
 def _read_tokenizer(path: str) -> Tokenizer:
   with open(path, 'rb') as f:
-    return Tokenizer(f.read(), path)
+    model_proto = f.read()
+  try:
+    return Tokenizer(model_proto, path)
+  except RuntimeError:  # sentencepiece: the bytes do not parse as a model
+    raise ValueError(f'{path} is not a SentencePiece model (truncated or damaged): restore it from a copy; a '
+                     'run\'s checkpoints need the tokenizer they were trained with.') from None
 
 
 def load_or_train_tokenizer(config: ml_collections.ConfigDict, path: str,
@@ -159,7 +151,7 @@ def load_or_train_tokenizer(config: ml_collections.ConfigDict, path: str,
   logging.info('Training a %s tokenizer with %d pieces on up to %d sentences.',
                config.model_type, config.vocab_size, config.sample_size)
   model_proto = train_tokenizer(config, train_pairs)
-  _write_atomically(path, model_proto)
+  files.write_atomically(path, model_proto)
   logging.info('Saved tokenizer to %s.', path)
   return Tokenizer(model_proto, path)
 
