@@ -13,6 +13,7 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import sweep
+from transformer_jax.workdir import Workdir
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file defining get_sweep() (configs/sweeps/*.py).', required=True)
 _CONFIG = flags.DEFINE_string('config', None, 'Base config, path[:args]; default: the sweep file\'s CONFIG.')
@@ -26,6 +27,7 @@ _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter that
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}.')
+  Workdir(_WORKDIR.value).ensure_writable()
   module = sweep.load_sweep_file(_SWEEP.value)
   base = _CONFIG.value or getattr(module, 'CONFIG', None)
   if not base:

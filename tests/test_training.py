@@ -324,3 +324,20 @@ def test_unwritable_workdir_fails_before_any_work(tmp_path, monkeypatch):
   with pytest.raises(PermissionError, match=r'workdir .*a_file/run is not writable') as error:
     trainer.train_and_evaluate(helpers.tiny_config(), str(blocker / 'run'))
   assert '\n' not in str(error.value)
+
+
+def test_the_dispatch_window_waits_for_the_oldest_step_only():
+  waited = []
+
+  class Output:
+    def __init__(self, step):
+      self.step = step
+
+    def block_until_ready(self):
+      waited.append(self.step)
+      return self
+
+  window = trainer.DispatchWindow(2)
+  for step in range(1, 6):
+    window.add(Output(step))
+    assert waited == list(range(1, max(step - 2, 0) + 1))  # the host never has more than 2 steps in flight

@@ -9,7 +9,9 @@ metadata) never blocks a run: `restore_newest` names it and falls back to the ne
 training run sets it aside as `<step>.damaged` (kept, never deleted) so that it can save that step again.
 """
 
+import contextlib
 import os
+import re
 
 import grain
 import jax
@@ -60,7 +62,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict, data_iterator=N
     items[DATA] = grain.checkpoint.CheckpointSave(data_iterator)
   try:
     return manager.save(step, args=ocp.args.Composite(**items), force=force)
-  except OSError as e:
+  except Exception as e:  # pylint: disable=broad-except  # orbax re-raises an earlier async save's error here
     raise _save_error(manager, e) from None
 
 
@@ -74,11 +76,29 @@ def check_saves(manager: ocp.CheckpointManager, wait: bool = False) -> None:
     raise _save_error(manager, e) from None
 
 
+@contextlib.contextmanager
+def closing(manager: ocp.CheckpointManager):
+  """Waits for the save in flight and closes the manager when the run ends; when it ends with an error, a
+  save's own error (often the same disk's) does not replace it."""
+  try:
+    yield manager
+  except BaseException:
+    with contextlib.suppress(Exception):
+      manager.wait_until_finished()
+    raise
+  else:
+    check_saves(manager, wait=True)
+  finally:
+    manager.close()
+
+
 def _save_error(manager, error: BaseException) -> SaveError:
   cause = error
   while cause.__cause__ is not None or cause.__context__ is not None:
     cause = cause.__cause__ or cause.__context__
-  reason = getattr(cause, 'strerror', None) or one_line(cause)
+  os_error = re.search(r"os_error_code='(\d+)'", str(cause))  # tensorstore's form of an OSError
+  reason = (getattr(cause, 'strerror', None) or (os.strerror(int(os_error.group(1))) if os_error else None)
+            or one_line(cause))
   return SaveError(f'saving a checkpoint in {manager.directory} failed ({reason}); the last good checkpoint is step '
                    f'{manager.latest_step()}. Free disk space (or fix the permissions) and rerun the same command to '
                    'resume from it.')

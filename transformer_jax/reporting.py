@@ -135,13 +135,19 @@ def format_duration(seconds: float) -> str:
   return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
 
 
-class _DropLibraryInfo(py_logging.Filter):
-  """Keeps warnings and errors of orbax/grain, drops their per-save INFO chatter."""
+class _QuietLibraries(py_logging.Filter):
+  """orbax and grain: drops their per-save INFO chatter and, unless --verbosity=1, the tracebacks of their errors
+  (the error itself stays; the run reports it in one line of its own)."""
 
   def filter(self, record):
-    return record.levelno >= py_logging.WARNING or not any(
-        part in record.pathname for part in ('/orbax/', '/grain/'))
+    if not any(part in record.pathname for part in ('/orbax/', '/grain/')):
+      return True
+    if record.levelno < py_logging.WARNING:
+      return False
+    if record.exc_info and not logging.level_debug():
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 def quiet_library_logs():
-  logging.get_absl_handler().addFilter(_DropLibraryInfo())
+  logging.get_absl_handler().addFilter(_QuietLibraries())

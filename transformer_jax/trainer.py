@@ -63,6 +63,20 @@ class NonFiniteLossError(RuntimeError):
   pass
 
 
+class DispatchWindow:
+  """At most `size` steps in flight: adding one more first waits for the oldest (a step dispatched `size` steps
+  ago, usually done by then), so the host never runs far ahead of the device and a stop request is honoured
+  within a step or two, without a host sync on the newest step."""
+
+  def __init__(self, size: int):
+    self._size, self._in_flight = size, collections.deque()
+
+  def add(self, step_output):
+    self._in_flight.append(step_output)
+    if len(self._in_flight) > self._size:
+      jax.block_until_ready(self._in_flight.popleft())
+
+
 class _CompiledSteps:
   """Compiles the train step once per batch shape (token-budget batches have a few); reports the time."""
 
@@ -117,8 +131,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   # --- checkpoints: resume from the newest that restores
   manager = checkpoint.make_manager(run_dir.checkpoints, save_every=train_cfg.checkpoint_every,
                                     keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints)
-  cleanup.callback(manager.close)
-  cleanup.callback(manager.wait_until_finished)  # runs first: callbacks run last-in, first-out
+  cleanup.enter_context(checkpoint.closing(manager))
   stop.watch(manager)
   latest, damaged = None, []
   if manager.latest_step() is not None:
@@ -161,7 +174,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
     checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
 
   # --- loop
-  last, in_flight = {}, collections.deque()
+  last, window = {}, DispatchWindow(train_cfg.max_steps_ahead)
   if stop.requested(step):  # a signal during start-up: nothing new to save
     report.log(f'stopped before step {step + 1}: nothing was trained; rerun the same command to start.')
     return {'state': state, 'metrics': {'step': step}, 'tokenizer': tok, 'model': model, 'mesh': mesh}
@@ -171,9 +184,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
       state, step_metrics = train_fn(state, sharding.place_batch(host_batch, mesh), step)
       step += 1
       report.add(step_metrics, host_batch)
-      in_flight.append(step_metrics['loss'])
-      if len(in_flight) > train_cfg.max_steps_ahead:  # wait for an older step: the host stays close to the device
-        jax.block_until_ready(in_flight.popleft())
+      window.add(step_metrics['loss'])
       checkpoint.check_saves(manager)  # an asynchronous save that failed stops the run here
       stop_requested = stop.requested(step)
       final = step == train_cfg.num_steps
@@ -193,7 +204,6 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
         checkpoint.check_saves(manager, wait=True)  # on disk before it is reported
         report.log(f'preempted: saved step {step} in {run_dir.checkpoints}; rerun the same command to resume.')
         break
-  checkpoint.check_saves(manager, wait=True)
   last['step'] = step
   logging.info('training stopped at step %d', step)
   return {'state': state, 'metrics': last, 'tokenizer': tok, 'model': model, 'mesh': mesh}

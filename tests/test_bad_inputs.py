@@ -1,0 +1,280 @@
+"""Bad inputs, by class: each ends in one line that names the flag, key, file, line or step and says what to do,
+or (where the input is legal) in the right result; nothing is silently wrong. In-process checks of each class,
+then every entry point in a subprocess (exit status and a single line on stderr, no traceback)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import helpers
+from transformer_jax import config as config_lib
+from transformer_jax import files
+from transformer_jax import inference
+from transformer_jax import sweep
+from transformer_jax import trainer
+from transformer_jax.data import pipeline
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.workdir import Workdir
+
+LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')
+BAD_PYTHON = {  # file text -> what the one-line error says
+    'def get_config(:\n': 'line 1: syntax error',
+    'X = 1\n': 'defines no get_config()',
+    'def get_config():\n  return None\n': 'get_config() returned NoneType, not an ml_collections.ConfigDict',
+    'def get_config():\n  raise KeyError("missing")\n': 'get_config() failed: KeyError: missing',
+    'import nonexistent_module\n': "failed while loading: ModuleNotFoundError: No module named 'nonexistent_module'",
+}
+
+
+def _one_line(error) -> str:
+  message = str(error.value)
+  assert '\n' not in message, message
+  return message
+
+
+# --- config and sweep files: one reader of Python files
+
+
+@pytest.mark.parametrize('text', list(BAD_PYTHON))
+def test_a_bad_config_file_is_one_line_naming_it(tmp_path, text):
+  path = tmp_path / 'config.py'
+  path.write_text(text)
+  with pytest.raises(ValueError) as error:
+    config_lib.load_file(str(path))
+  assert str(path) in _one_line(error) and BAD_PYTHON[text] in _one_line(error)
+
+
+def test_a_missing_config_file_or_an_argument_it_does_not_take(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r'config file .*nope\.py does not exist'):
+    config_lib.load_file(str(tmp_path / 'nope.py'))
+  path = tmp_path / 'plain.py'
+  path.write_text('from transformer_jax.config import base_config\ndef get_config():\n  return base_config()\n')
+  with pytest.raises(ValueError, match=r"get_config\(\) takes no argument, but --config=.*plain.py:big passes 'big'"):
+    config_lib.load_file(f'{path}:big')
+
+
+def test_a_bad_sweep_file_is_one_line_naming_it(tmp_path):
+  path = tmp_path / 'sweep.py'
+  path.write_text('def get_sweep(:\n')
+  with pytest.raises(ValueError, match=r'sweep file .*sweep\.py line 1: syntax error'):
+    sweep.load_sweep_file(str(path))
+  path.write_text('def get_config():\n  pass\n')
+  with pytest.raises(ValueError, match=r'sweep file .*sweep\.py defines no get_sweep\(\)'):
+    sweep.load_sweep_file(str(path))
+
+
+# --- text, JSON and model files: one reader each
+
+
+@pytest.mark.parametrize('separator', ['\u2028', '\x0c', '\x0b', '\x1c', '\x85'])
+def test_text_lines_end_at_newline_only(separator):
+  """Characters str.splitlines breaks at stay inside their line: line i in is line i out."""
+  data = f'one{separator}still one\r\ntwo\n\nfour'.encode()
+  assert files.text_lines(data, 'standard input') == [f'one{separator}still one', 'two', '', 'four']
+
+
+def test_text_that_is_not_utf8_names_the_line():
+  with pytest.raises(ValueError) as error:
+    files.text_lines(b'fine\nalso fine\nbroken \xff here\n', 'standard input')
+  assert _one_line(error).startswith('standard input: line 3 is not valid UTF-8')
+
+
+@pytest.mark.parametrize('content', ['{"model": ', '[1, 2]', '\xff'])
+def test_a_damaged_config_json_names_the_file(tmp_path, content):
+  run_dir = Workdir(str(tmp_path))
+  with open(run_dir.config_file, 'w', encoding='latin-1') as f:
+    f.write(content)
+  with pytest.raises(ValueError) as error:
+    config_lib.of_run(str(tmp_path))
+  assert _one_line(error).startswith(f'{run_dir.config_file} ') and 'restore it from a copy' in _one_line(error)
+
+
+def test_a_truncated_tokenizer_names_the_file(tmp_path):
+  path = str(tmp_path / 'spm.model')
+  with open(Workdir(LEGACY).tokenizer_model, 'rb') as f:
+    data = f.read()
+  with open(path, 'wb') as f:
+    f.write(data)
+  helpers.truncate(path)
+  with pytest.raises(ValueError) as error:
+    tokenizer_lib.load_tokenizer(path)
+  assert _one_line(error).startswith(f'{path} is not a SentencePiece model (truncated or damaged)')
+
+
+def test_a_file_that_cannot_be_written_names_it(tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('x')
+  with pytest.raises(OSError) as error:
+    files.write_atomically(str(blocker / 'tokenizer' / 'spm.model'), b'model')
+  assert _one_line(error).startswith(f'cannot write {blocker}/tokenizer/spm.model (')
+
+
+# --- checkpoints: a damaged one never blocks a run
+
+
+def _train(workdir, **overrides):
+  return trainer.train_and_evaluate(helpers.tiny_config(**overrides), workdir)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('trained'))
+  _train(workdir, train__num_steps=6, train__checkpoint_every=2)
+  return workdir
+
+
+def test_evaluation_falls_back_from_a_damaged_latest_checkpoint_and_keeps_it(trained, tmp_path, caplog):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  config = config_lib.of_run(workdir)
+  expected = inference.restore(config, workdir, step=4).params
+  helpers.damage_checkpoint(os.path.join(Workdir(workdir).checkpoints, '6'))
+  digest = helpers.tree_digest(Workdir(workdir).checkpoints)
+  restored = inference.restore(config, workdir)
+  assert restored.steps == [4]
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), jax.device_get(expected))
+  assert 'checkpoint step 6 in' in caplog.text and 'does not restore' in caplog.text
+  assert inference.restore(config, workdir, average_last=2).steps == [2, 4]  # the newest two that restore
+  with pytest.raises(ValueError) as error:  # an explicitly asked-for step is not replaced by another
+    inference.restore(config, workdir, step=6)
+  assert helpers.tree_digest(Workdir(workdir).checkpoints) == digest  # nothing deleted or rewritten
+
+
+def test_a_workdir_past_the_configured_steps_is_refused_untouched(trained):
+  before = helpers.tree_digest(trained)
+  with pytest.raises(ValueError) as error:
+    _train(trained, train__num_steps=4, train__checkpoint_every=2)
+  assert _one_line(error) == (f'{Workdir(trained).checkpoints} holds step 6, past train.num_steps=4: nothing to '
+                              'train (nothing was changed); pass a larger train.num_steps to continue, or another '
+                              '--workdir.')
+  assert helpers.tree_digest(trained) == before  # config.json included
+
+
+# --- batch sizes against the devices, before any work
+
+
+@pytest.mark.parametrize('key', ['decode.batch_size', 'eval.batch_size', 'pipeline.batch_size'])
+def test_every_batch_size_is_checked_against_the_devices_first(tmp_path, key, monkeypatch):
+  def must_not_run(*args, **kwargs):
+    raise AssertionError('the batch sizes should have been checked first')
+
+  monkeypatch.setattr(trainer.sources, 'load_split', must_not_run)
+  config = helpers.tiny_config(**{key.replace('.', '__'): 12})
+  with pytest.raises(ValueError) as error:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert _one_line(error).startswith(f'{key}: a global batch of 12 rows does not divide over the 8 ')
+
+
+# --- learned positions: decoding never produces NaN
+
+
+def test_learned_positions_decode_within_the_table_and_never_nan():
+  cfg = ModelConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                    dropout=0.0, max_len=12, positional='learned')
+  inputs = jnp.asarray(np.random.default_rng(0).integers(4, 40, (2, 16)), jnp.int32)  # padded past max_len
+  inputs = inputs.at[:, 10:].set(0)
+  model = Transformer(cfg)
+  params = model.init(jax.random.key(0), inputs, inputs)['params']
+  max_decode_len = cfg.decode_length(inputs.shape[1], max_len_offset=50)
+  assert max_decode_len == 12  # input + 50, capped at the 12 positions the table has
+  for method in ('beam', 'greedy'):
+    tokens, scores = inference.generate(params, inputs, jax.random.key(0), model=model, method=method,
+                                        max_decode_len=max_decode_len)
+    assert tokens.shape[-1] == 12 and np.all(np.isfinite(np.asarray(scores)))
+  encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+  assert np.all(np.isfinite(np.asarray(encoded)))
+
+
+def test_evaluation_cuts_sentences_longer_than_learned_positions_and_counts_them():
+  class Words:
+    def encode(self, text):
+      return [4 + len(word) for word in text.split()]
+
+  pairs = [('a b c', 'd e'), ('a b c d e f g h', 'x'), ('a', 'b c d e f g h i j')]
+  assert pipeline.count_over(pairs, Words(), 5) == 2 and pipeline.count_over(pairs, Words(), None) == 0
+  batch = next(pipeline.make_eval_batches(pairs, Words(), 3, max_length=5))
+  assert np.count_nonzero(batch['inputs'], axis=1).tolist() == [4, 5, 2]
+  assert np.count_nonzero(batch['targets'], axis=1).tolist() == [3, 2, 5]
+  assert batch['inputs'][1, 4] == batch['targets'][2, 4] == 1  # EOS kept at the cut
+
+
+# --- every entry point: one line on stderr, no traceback
+
+
+def _run(args, stdin=None, **env):
+  result = subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, timeout=300,
+                          env={**helpers.subprocess_env(), **env})
+  return result.returncode, result.stderr.decode('utf-8', 'replace').strip().splitlines()
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('args,message', [
+    (['train.py', '--workdir=W', '--config=CFG/nope.py'], 'config file CFG/nope.py does not exist.'),
+    (['train.py', '--workdir=W', '--config=CFG/none.py'], 'get_config() returned NoneType'),
+    (['train.py', '--workdir=W', '--config=CFG/noget.py'], 'defines no get_config()'),
+    (['train.py', '--workdir=W', '--config=CFG/syntax.py'], 'line 1: syntax error'),
+    (['train.py', '--workdir=W', '--distributed'], 'the distributed runtime did not start'),
+    (['train.py', '--workdir=W', '--coordinator_address=localhost:1', '--num_processes=2', '--process_id=2'],
+     '--process_id must be in [0, --num_processes).'),
+    (['train.py', '--workdir=W', '--config.data.source=files',
+      *[f'--config.data.files.{split}.{side}=CFG/{split}.{side}' for split in ('train', 'validation', 'test')
+        for side in ('source', 'target')]],
+     'CFG/train.source does not exist: fix data config key files.train.source'),
+    (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
+    (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
+    (['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--beam_size=0'],
+     'flag --beam_size=0: 0 is not a positive integer'),
+    (['-m', 'transformer_jax.attention_plots', '--workdir=W', '--sentence=Hi'], 'workdir W does not exist'),
+    (['-m', 'transformer_jax.attention_plots', f'--workdir={LEGACY}', '--sentence=Hi', '--layer=5'],
+     '--layer=5 is out of range: the model has layers 0..0.'),
+    (['-m', 'transformer_jax.attention_plots', f'--workdir={LEGACY}', '--sentence=Hi', '--head=2'],
+     '--head=2 is out of range: the model has heads 0..1.'),
+    (['-m', 'transformer_jax.attention_plots', f'--workdir={LEGACY}', '--sentence=  '], '--sentence is blank'),
+    (['-m', 'transformer_jax.attention_plots', f'--workdir={LEGACY}', '--sentence=Hi', '--out=CFG/a_file'],
+     '--out=CFG/a_file is a file: pass a directory for the PNG files.'),
+    (['-m', 'transformer_jax.attention_plots', f'--workdir={LEGACY}', '--sentence=' + 'word ' * 40],
+     "more than the model's max length 32: shorten it."),
+    (['sweep.py', '--sweep=CFG/syntax.py', '--workdir=W'], 'sweep file CFG/syntax.py line 1: syntax error'),
+    (['sweep.py', '--sweep=CFG/sweep_no_config.py', '--workdir=W'], 'pass --config: CFG/sweep_no_config.py sets no CONFIG.'),
+    (['sweep.py', '--sweep=configs/sweeps/heads_dropout_runlocal.py', '--workdir=CFG/a_file'],
+     'workdir CFG/a_file is not writable'),
+    (['-m', 'transformer_jax.prepare_tfds', '--name=wmt14_translat/de-en', '--data_dir=W'],
+     "unknown tfds dataset 'wmt14_translat'"),
+])
+def test_entry_points_fail_with_one_line(tmp_path, args, message):
+  config_dir = tmp_path / 'cfg'
+  config_dir.mkdir()
+  for name, text in (('none.py', 'def get_config():\n  return None\n'), ('noget.py', 'X = 1\n'),
+                     ('syntax.py', 'def get_config(:\n'), ('sweep_no_config.py', 'def get_sweep():\n  return [{}]\n'),
+                     ('a_file', 'not a directory\n')):
+    (config_dir / name).write_text(text)
+  args = [arg.replace('CFG', str(config_dir)).replace('=W', f'={tmp_path / "w"}') for arg in args]
+  message = message.replace('CFG', str(config_dir)).replace('workdir W', f'workdir {tmp_path / "w"}')
+  returncode, lines = _run(args)
+  assert returncode != 0
+  assert len(lines) == 1 and message in lines[0], lines[-5:]
+  assert not os.path.exists(tmp_path / 'w') or not os.listdir(tmp_path / 'w')
+
+
+@pytest.mark.slow
+def test_translate_keeps_lines_aligned_and_refuses_bytes_that_are_not_utf8():
+  lines = ['The dog sees the cat.', 'One\u2028line\x0cstill', '', 'He sleeps.']
+  result = subprocess.run([sys.executable, '-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy'],
+                          cwd=helpers.REPO, input=''.join(line + '\n' for line in lines).encode(), capture_output=True,
+                          timeout=300, env=helpers.subprocess_env())
+  assert result.returncode == 0, result.stderr[-2000:]
+  translations = result.stdout.decode().split('\n')
+  assert len(translations) == len(lines) + 1 and translations[-1] == ''  # one line out per line in
+  assert translations[2] == ''  # the empty input line stays in its place
+  returncode, stderr = _run(['-m', 'transformer_jax.translate', f'--workdir={LEGACY}'], stdin=b'fine\nbad \xff\n')
+  assert returncode == 1 and stderr == ['error: standard input: line 2 is not valid UTF-8 (invalid start byte at '
+                                        'byte 9); convert it to UTF-8']

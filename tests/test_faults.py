@@ -1,0 +1,181 @@
+"""Fault injection: what disks, schedulers and kills do to a run directory. Each faulted train.py run either
+resumes or stops with one line, and a run killed and resumed (as often as it takes) logs exactly the losses of
+the uninterrupted run, bit for bit."""
+
+import os
+import queue
+import random
+import resource
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import helpers
+from transformer_jax import trainer
+from transformer_jax.workdir import Workdir
+
+pytestmark = pytest.mark.slow
+
+NUM_STEPS = 12
+RUN = dict(train__num_steps=NUM_STEPS, train__checkpoint_every=2, train__keep_checkpoints=3, train__log_every=1,
+           train__eval_every=1000)
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  """The reference: the same run in this process, never interrupted; its workdir holds the tokenizer to reuse."""
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  trainer.train_and_evaluate(helpers.tiny_config(**RUN), workdir)
+  losses = helpers.losses_by_step(workdir)
+  assert sorted(losses) == list(range(1, NUM_STEPS + 1))
+  return workdir, losses
+
+
+class _Run:
+  """train.py in a subprocess whose output lines are read by a thread (so waits can time out)."""
+
+  def __init__(self, workdir: str, *extra: str, limit_file_size: int | None = None, **overrides):
+    def limits():  # a file-size limit makes writes past it fail (EFBIG) instead of killing the process
+      if limit_file_size is not None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
+
+    self.process = subprocess.Popen(helpers.train_command(workdir, *extra, **{**RUN, **overrides}),
+                                    cwd=helpers.REPO, env=helpers.subprocess_env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, preexec_fn=limits)
+    self.lines, self._queue = [], queue.Queue()
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self):
+    for line in self.process.stdout:
+      self._queue.put(line)
+    self._queue.put(None)
+
+  def wait_for(self, pattern: str, timeout: float = 300) -> str:
+    deadline = time.time() + timeout
+    while (line := self._queue.get(timeout=max(deadline - time.time(), 0.01))) is not None:
+      self.lines.append(line)
+      if pattern in line:
+        return line
+    raise AssertionError(f'no line with {pattern!r}; got:\n' + ''.join(self.lines[-30:]))
+
+  def finish(self, timeout: float = 300) -> int:
+    deadline = time.time() + timeout
+    while (line := self._queue.get(timeout=max(deadline - time.time(), 0.01))) is not None:
+      self.lines.append(line)
+    return self.process.wait(timeout=60)
+
+  @property
+  def output(self) -> str:
+    return ''.join(self.lines)
+
+
+def _workdir(tmp_path, uninterrupted, name='run') -> str:
+  return helpers.prepare_workdir(str(tmp_path / name), uninterrupted[0])
+
+
+def _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted):
+  records = helpers.read_metrics(workdir)
+  assert {r['step'] for r in records} == set(range(1, NUM_STEPS + 1))
+  for record in records:  # steps logged twice (lost to a kill, then recomputed) must agree too
+    assert record['loss'] == uninterrupted[1][record['step']], record['step']
+
+
+def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  rng = random.Random(0)
+  for _ in range(3):  # kill at a random step (saves are asynchronous: often mid-save), then resume
+    run = _Run(workdir)
+    run.wait_for(f'step {rng.randint(1, NUM_STEPS - 1)}/')
+    time.sleep(rng.uniform(0, 0.2))
+    run.process.send_signal(signal.SIGKILL)
+    run.process.wait(timeout=60)
+  run = _Run(workdir)
+  assert run.finish() == 0, run.output[-3000:]
+  assert not [n for n in os.listdir(Workdir(workdir).checkpoints) if 'tmp' in n]  # stale save dirs removed
+  _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
+
+
+def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir, train__num_steps=4)
+  assert run.finish() == 0, run.output[-3000:]
+  # Files of at most 32 KiB: the config, logs and metrics fit, a checkpoint's data file does not.
+  run = _Run(workdir, limit_file_size=1 << 15)
+  assert run.finish() != 0
+  assert 'Traceback' not in run.output, run.output[-3000:]  # orbax's own error lines come without theirs
+  (error,) = [line for line in run.lines if line.startswith('error:')]
+  assert error.startswith('error: saving a checkpoint in ') and '(File too large)' in error
+  assert 'the last good checkpoint is step 4' in error and 'rerun the same command' in error
+  run = _Run(workdir)
+  assert run.finish() == 0, run.output[-3000:]
+  _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
+
+
+def test_a_truncated_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir, train__num_steps=8)
+  assert run.finish() == 0, run.output[-3000:]
+  damaged = os.path.join(Workdir(workdir).checkpoints, '8')
+  helpers.damage_checkpoint(damaged)
+  digest = helpers.tree_digest(damaged)
+  run = _Run(workdir)
+  assert run.finish() == 0, run.output[-3000:]
+  assert 'checkpoint step 8 in' in run.output and 'does not restore' in run.output
+  assert f'resumed from step 6 in {Workdir(workdir).checkpoints}' in run.output
+  assert helpers.tree_digest(damaged + '.damaged') == digest  # kept as it was, under another name
+  _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
+
+
+def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir, train__num_steps=4)
+  assert run.finish() == 0, run.output[-3000:]
+  before = helpers.tree_digest(Workdir(workdir).checkpoints)
+  helpers.truncate(Workdir(workdir).tokenizer_model)
+  run = _Run(workdir)
+  assert run.finish() == 1
+  assert run.lines[-1].strip() == (f'error: {Workdir(workdir).tokenizer_model} is not a SentencePiece model '
+                                   "(truncated or damaged): restore it from a copy; a run's checkpoints need the "
+                                   'tokenizer they were trained with.')
+  assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
+
+
+def test_sigterm_during_start_up_stops_before_the_first_step(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir)
+  run.wait_for('host memory:')  # main has begun: its handlers are in place, the trainer has not started
+  run.process.send_signal(signal.SIGTERM)
+  assert run.finish() == 0, run.output[-3000:]
+  assert 'stopped before step 1: nothing was trained' in run.output
+  assert helpers.checkpoint_steps(workdir) == []
+
+
+def test_more_signals_during_the_preemption_save_do_not_lose_it(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir, train__num_steps=100_000, train__checkpoint_every=100_000)
+  run.wait_for('step 3/')
+  sent = time.time()
+  for _ in range(3):
+    run.process.send_signal(signal.SIGTERM)
+  line = run.wait_for('preempted: saved step')
+  assert run.finish() == 0, run.output[-3000:]
+  step = int(line.split('preempted: saved step ')[1].split()[0])
+  assert helpers.checkpoint_steps(workdir) == [step]  # on disk, as the message says
+  step_seconds = [r['step_seconds'] for r in helpers.read_metrics(workdir)]
+  print(f'SIGTERM to exit: {time.time() - sent:.1f} s; a step took {min(step_seconds):.3f}-{max(step_seconds):.3f} s')
+
+
+def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, uninterrupted):
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir, train__num_steps=4)
+  run.wait_for('step 4/')
+  run.wait_for('restored params of steps')  # the final report has begun
+  run.process.send_signal(signal.SIGTERM)
+  assert run.finish() == 0, run.output[-3000:]
+  assert 'stopped during the final evaluation' in run.output
+  assert helpers.checkpoint_steps(workdir)[-1] == 4
+  assert not os.path.exists(Workdir(workdir).final_results_file)
