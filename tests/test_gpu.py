@@ -1,0 +1,54 @@
+"""GPU-only checks (marker `gpu`): skipped where JAX has no GPU, run on one with
+`JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_gpu.py`.
+
+The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) agrees with the reference
+implementation, and a bf16 training step (float32 params and optimizer state) follows the float32 one.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import helpers
+from transformer_jax import attention
+from transformer_jax import sharding
+from transformer_jax import steps
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs a GPU (JAX_PLATFORMS=cuda)')]
+
+
+def test_cudnn_fused_attention_agrees_with_the_reference():
+  rng = np.random.default_rng(0)
+  batch, length, heads, dim = 4, 128, 8, 64
+  q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, dim)), jnp.bfloat16) for _ in range(3))
+  lengths = np.array([128, 100, 64, 7])
+  valid = jnp.asarray(np.arange(length)[None] < lengths[:, None])
+  for causal in (False, True):
+    spec = attention.MaskSpec(q_valid=valid, kv_valid=valid, causal=causal)
+    assert attention._cudnn_applicable(q, k, spec)  # pylint: disable=protected-access
+    fused = jax.jit(lambda a, b, c, s=spec: attention.attend(a, b, c, s, implementation='dot_product'))
+    assert 'cudnn' in fused.lower(q, k, v).compile().as_text().lower()  # the fused kernel, not XLA's path
+    reference = attention.attend(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), spec)
+    out = fused(q, k, v).astype(jnp.float32)
+    rows = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(reference)[rows], atol=3e-2, rtol=3e-2)
+
+
+def test_bf16_train_step_follows_the_float32_step():
+  losses = {}
+  for dtype in ('float32', 'bfloat16'):
+    config = helpers.tiny_config(model__dtype=dtype, model__dropout=0.0)
+    mesh, rules = helpers.one_device_mesh(config)
+    model, tx, schedule = steps.training_objects(config)
+    state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules)
+    step = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh, donate=False)
+    batch = sharding.place_batch(helpers.synthetic_batches(1, 8, 32)[0], mesh)
+    losses[dtype] = []
+    with sharding.activate(mesh, rules):
+      for _ in range(3):
+        state, metrics = step(state, batch)
+        losses[dtype].append(float(metrics['loss'] / metrics['tokens']))
+    assert jax.tree.leaves(state.params)[0].dtype == jnp.float32  # params stay float32
+  np.testing.assert_allclose(losses['bfloat16'], losses['float32'], rtol=2e-2)
