@@ -33,8 +33,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}.')
   distributed.initialize_from_flags()
-  from transformer_jax import inference, reporting, scoring  # pylint: disable=import-outside-toplevel
-  reporting.quiet_library_logs()
+  from transformer_jax import inference, scoring  # pylint: disable=import-outside-toplevel
   overrides = cli.overrides()
   split = _SPLIT.value or overrides.get('eval.test_split') or config_lib.of_run(_WORKDIR.value).eval.test_split
   config = config_lib.for_evaluation(_WORKDIR.value, overrides, split)

@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from transformer_jax import scores
+from transformer_jax import scoring
+from transformer_jax.workdir import Workdir
 from transformer_jax.significance import compare_systems, read_hypotheses
 
 N = 200  # resamples / trials: enough for stable numbers on the small corpus, fast enough for a unit test
@@ -114,7 +116,8 @@ def test_reads_a_plain_hypotheses_file(tmp_path):
 
 
 def test_reads_the_hypotheses_a_results_json_names(tmp_path):
-  paths = scores.write_translations(tmp_path, 'test', ['a', 'b'], ['A', 'B'], ['a', 'b'])
+  paths = scoring.write_translations(Workdir(str(tmp_path)), 'test', {'src': ['a', 'b'], 'hyp': ['A', 'B'],
+                                                                      'ref': ['a', 'b']})
   results = tmp_path / 'results.json'
   results.write_text(json.dumps({'bleu': 1.0, 'translations': {k: str(v) for k, v in paths.items()}}))
   assert read_hypotheses(results, 2) == ['A', 'B']

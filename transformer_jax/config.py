@@ -90,12 +90,13 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   module = files.load_python(path, 'get_config', 'config file')
   takes_argument = bool(inspect.signature(module.get_config).parameters)
   if arg and not takes_argument:
-    raise ValueError(f'{path}: get_config() takes no argument, but --config={spec} passes {arg!r}.')
+    raise ValueError(f'{path}: get_config() takes no argument, but {spec} passes {arg!r}.')
   try:
     config = module.get_config(arg or None) if takes_argument else module.get_config()
+  except ValueError:  # the file's own check of its argument or values, worded for the user
+    raise
   except Exception as e:  # pylint: disable=broad-except  # the file's own code failed
-    raise ValueError(f'--config={spec}: {one_line(e)}' if isinstance(e, ValueError)
-                     else f'--config={spec}: get_config() failed: {type(e).__name__}: {one_line(e)}') from None
+    raise ValueError(f'{path}: get_config() failed: {type(e).__name__}: {one_line(e)}') from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise ValueError(f'{path}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict '
                      '(a missing return statement?).')

@@ -8,7 +8,6 @@ negative log-likelihood per token (what fairseq or torch call the loss; perplexi
 """
 
 import json
-import logging as py_logging
 import time
 
 import jax
@@ -133,21 +132,3 @@ class TrainReport:
 def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
-
-
-class _QuietLibraries(py_logging.Filter):
-  """orbax and grain: drops their per-save INFO chatter and, unless --verbosity=1, the tracebacks of their errors
-  (the error itself stays; the run reports it in one line of its own)."""
-
-  def filter(self, record):
-    if not any(part in record.pathname for part in ('/orbax/', '/grain/')):
-      return True
-    if record.levelno < py_logging.WARNING:
-      return False
-    if record.exc_info and not logging.level_debug():
-      record.exc_info, record.exc_text = None, None
-    return True
-
-
-def quiet_library_logs():
-  logging.get_absl_handler().addFilter(_QuietLibraries())

@@ -13,7 +13,6 @@ from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import files
 from transformer_jax import inference
-from transformer_jax import reporting
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).', lower_bound=0)
@@ -30,7 +29,6 @@ flags.register_validator('step', lambda step: step is None or _AVERAGE_LAST.valu
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; text comes on standard input.')
-  reporting.quiet_library_logs()
   config = config_lib.of_run(_WORKDIR.value)
   restored = inference.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
   lines = files.text_lines(sys.stdin.buffer.read(), 'standard input')  # line i in, translation i out
