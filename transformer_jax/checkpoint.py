@@ -50,10 +50,15 @@ def _restore_args(abstract_tree):
       if getattr(x, 'sharding', None) is not None else ocp.RestoreArgs(restore_type=np.ndarray), abstract_tree)
 
 
+def saved_params(manager: ocp.CheckpointManager, step: int):
+  """The metadata (shapes, dtypes) of a step's params, as a tree like the params."""
+  saved = manager.item_metadata(step)[STATE]
+  return getattr(saved, 'tree', saved)['params']
+
+
 def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params) -> None:
   """Raises, listing every mismatch, when the checkpoint's params differ in shape from the config's model."""
-  saved = manager.item_metadata(step)[STATE]
-  saved = getattr(saved, 'tree', saved)['params']
+  saved = saved_params(manager, step)
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted = {jax.tree_util.keystr(p): tuple(x.shape)
             for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
