@@ -1,5 +1,6 @@
-"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations, results files and the
-printed report. Used by training (in-run validation, the final report) and by `eval.py`."""
+"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations (or, for a language model,
+perplexity, bits per byte, the unigram baseline and sampled continuations), results files and the printed
+report. Used by training (in-run validation, the final report) and by `eval.py`."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from transformer_jax import sharding
 from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
+from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 
 
@@ -26,8 +28,11 @@ def default_config() -> ml_collections.ConfigDict:
       'test_split': 'test',  # BLEU at the end of training and the default of eval.py
       'batch_size': 64,  # sentences per teacher-forced batch (global)
       'average_last': 5,  # checkpoints averaged for the final evaluation (§6.1: 5 base, 20 big)
-      'num_samples': 5,  # sample translations printed
+      'num_samples': 5,  # sample translations (language model: continuations of held-out prompts) printed
   })
+
+# The unigram baseline of a language model counts tokens of at most this many training documents (a seeded sample).
+UNIGRAM_DOCUMENTS = 200_000
 
 
 def validate(eval_config: ml_collections.ConfigDict) -> None:
@@ -37,7 +42,8 @@ def validate(eval_config: ml_collections.ConfigDict) -> None:
 
 
 def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None) -> dict:
-  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split."""
+  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
+  pairs or documents, and the number of target tokens."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count())
@@ -47,11 +53,11 @@ def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batch
     batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
     sums = jax.device_get(eval_fn(params, batch))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
-  return metrics_lib.normalize(totals)
+  return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
 def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair, with restored params."""
+  """`teacher_forced` over every pair (or document), with restored params."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.params)
   eval_fn = steps.jit_eval_step(restored.model, restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
@@ -76,10 +82,13 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
 
 
 def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> dict:
-  """Loss, perplexity, accuracy and BLEU (sacrebleu and the paper's tokenized BLEU) on a split.
+  """Loss, perplexity, accuracy and BLEU (sacrebleu and the paper's tokenized BLEU) on a split; a language model's
+  numbers instead (`evaluate_documents`).
 
   Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
   """
+  if restored.model.config.decoder_only:
+    return evaluate_documents(restored, workdir, split)
   config, run_dir = restored.config, Workdir(workdir)
   pairs = sources.load_split(config.data, split)
   scores = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
@@ -90,20 +99,73 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   tokenized = bleu.tokenized_bleu(hypotheses, references, split_compounds=config.data.target_lang == 'de')
   results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split, 'bleu': sacre,
              'bleu_signature': signature, 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
-             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
+             'params': _count_params(restored.params),
              'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, **scores}
   if jax.process_index() == 0:
     results['translations'] = write_translations(
         run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references})
-    with open(run_dir.results_file(split, config.eval.test_split), 'w', encoding='utf-8') as f:
-      json.dump(results, f, indent=2)
+    _write_results(run_dir, split, config, results)
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
+
+
+def _write_results(run_dir: Workdir, split: str, config, results: dict) -> None:
+  with open(run_dir.results_file(split, config.eval.test_split), 'w', encoding='utf-8') as f:
+    json.dump(results, f, indent=2)
+
+
+def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -> dict:
+  """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
+  byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves.
+
+  Bits per byte: the total NLL in bits over the UTF-8 bytes of the documents, each counted with one byte more
+  for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir.
+  """
+  config = restored.config
+  documents = sources.load_documents(config.data, split)
+  scores = teacher_forced_metrics(restored, documents)
+  num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
+  prompts = [_first_half(document) for document in documents[:config.eval.num_samples]]
+  room = config.model.max_len - max((len(restored.tokenizer.encode(prompt)) for prompt in prompts), default=0)
+  samples = inference.continue_prompts(restored, prompts, max_new_tokens=min(config.decode.max_new_tokens, room),
+                                       temperature=config.decode.temperature, top_k=config.decode.top_k,
+                                       top_p=config.decode.top_p, batch_size=config.decode.batch_size)
+  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
+             'perplexity': scores['perplexity'],
+             'bits_per_byte': metrics_lib.bits_per_byte(scores['nll'] * scores['tokens'], num_bytes),
+             'unigram_perplexity': unigram_baseline(restored.tokenizer, config.data, documents),
+             'num_documents': len(documents), 'num_tokens': scores['tokens'], 'num_bytes': num_bytes,
+             'params': _count_params(restored.params), **{f'{split}_{k}': v for k, v in scores.items()}}
+  if jax.process_index() == 0:
+    _write_results(Workdir(workdir), split, config, results)
+  results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, documents)]
+  return results
+
+
+def unigram_baseline(tokenizer, data_config, documents) -> float:
+  """The perplexity on `documents` (their tokens and EOS, as the model is scored) of the add-one smoothed unigram
+  model of the training split's tokens (a seeded sample of at most UNIGRAM_DOCUMENTS documents)."""
+  train = sources.load_documents(data_config, 'train')
+  chosen = np.random.default_rng(0).choice(len(train), min(len(train), UNIGRAM_DOCUMENTS), replace=False)
+  ids = lambda texts: (tokenizer.encode(text) + [EOS_ID] for text in texts)
+  return metrics_lib.unigram_perplexity(ids(train[int(i)] for i in chosen), ids(documents), tokenizer.vocab_size)
+
+
+def _first_half(document: str) -> str:
+  """A prompt from a held-out document: its first half of words (at least one)."""
+  words = document.split()
+  return ' '.join(words[:max(1, len(words) // 2)])
+
+
+def _count_params(params) -> int:
+  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
 def describe(results: dict, num_samples: int) -> str:
   """A short human-readable report of `evaluate_split`'s results."""
   split = results['split']
+  if 'bits_per_byte' in results:
+    return _describe_documents(results, num_samples)
   lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
            f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
            f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
@@ -114,8 +176,21 @@ def describe(results: dict, num_samples: int) -> str:
   return '\n'.join(lines)
 
 
+def _describe_documents(results: dict, num_samples: int) -> str:
+  split = results['split']
+  lines = [f'{split}: perplexity {results["perplexity"]:.3f} against {results["unigram_perplexity"]:.1f} of the '
+           'unigram model (add-one smoothed token counts of the training split), bits per byte '
+           f'{results["bits_per_byte"]:.4f}, nll {results[f"{split}_nll"]:.4f}, accuracy '
+           f'{results[f"{split}_accuracy"]:.3f} on {results["num_documents"]} documents ({results["num_tokens"]} '
+           f'tokens); params of step(s) {results["averaged_steps"]}']
+  for prompt, text, document in results['samples'][:num_samples]:
+    lines += [f'  prompt:    {prompt}', f'  sample:    {text}', f'  reference: {document}']
+  return '\n'.join(lines)
+
+
 def final_report(config, workdir: str) -> dict:
-  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU."""
+  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
+  (a language model: perplexity against the unigram baseline, and samples)."""
   manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
   available = len(manager.all_steps())
   manager.close()
