@@ -232,3 +232,15 @@ def init_model(cfg, **inputs):
   model = JitModel(cfg)
   params = nn.unbox(jax.jit(model.module.init)(jax.random.key(0), **inputs)['params'])
   return model, params
+
+
+def model_variants(base) -> dict:
+  """The decoder options every model test runs over, applied to a ModelConfig: norm and positions, untied
+  embeddings, the three attention implementations, scanned layers."""
+  return {
+      'post_sinusoidal': base,
+      'pre_learned_unshared': base.replace(norm='pre', positional='learned', share_embeddings=False),
+      'chunked': base.replace(attention='chunked', attention_chunk_size=4),
+      'dot_product': base.replace(attention='dot_product'),
+      'scanned': base.replace(scan_layers=True),
+  }

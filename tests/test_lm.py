@@ -28,13 +28,7 @@ from transformer_jax.workdir import Workdir
 
 TINY = ModelConfig(architecture='decoder_only', vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=0,
                    num_decoder_layers=2, dropout=0.0, max_len=64)
-VARIANTS = {
-    'post_sinusoidal': TINY,
-    'pre_learned_unshared': TINY.replace(norm='pre', positional='learned', share_embeddings=False),
-    'chunked': TINY.replace(attention='chunked', attention_chunk_size=4),
-    'dot_product': TINY.replace(attention='dot_product'),
-    'scanned': TINY.replace(scan_layers=True),
-}
+VARIANTS = helpers.model_variants(TINY)
 
 
 def _init(cfg, targets):

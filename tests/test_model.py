@@ -64,13 +64,7 @@ def test_sinusoidal_encoding_matches_formula():
   np.testing.assert_allclose(pe[0, 0], np.tile([0.0, 1.0], 4), atol=1e-7)
 
 
-VARIANT_CONFIGS = {
-    'post_sinusoidal': TINY,
-    'pre_learned_unshared': TINY.replace(norm='pre', positional='learned', share_embeddings=False),
-    'chunked': TINY.replace(attention='chunked', attention_chunk_size=4),
-    'dot_product': TINY.replace(attention='dot_product'),
-    'scanned': TINY.replace(scan_layers=True),
-}
+VARIANT_CONFIGS = helpers.model_variants(TINY)
 
 
 @pytest.mark.parametrize('name', list(VARIANT_CONFIGS))

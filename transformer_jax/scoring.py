@@ -116,7 +116,8 @@ def _write_results(run_dir: Workdir, split: str, config, results: dict) -> None:
 
 def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -> dict:
   """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
-  byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves.
+  byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
+  those whose half leaves the model room to continue).
 
   Bits per byte: the total NLL in bits over the UTF-8 bytes of the documents, each counted with one byte more
   for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir.
@@ -125,8 +126,11 @@ def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -
   documents = sources.load_documents(config.data, split)
   scores = teacher_forced_metrics(restored, documents)
   num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
-  prompts = [_first_half(document) for document in documents[:config.eval.num_samples]]
-  room = config.model.max_len - max((len(restored.tokenizer.encode(prompt)) for prompt in prompts), default=0)
+  examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
+  prompt_length = lambda document: len(restored.tokenizer.encode(_first_half(document)))
+  examples = [document for document in examples if prompt_length(document) < config.model.max_len]  # room left
+  prompts = [_first_half(document) for document in examples]
+  room = config.model.max_len - max(map(prompt_length, examples), default=0)
   samples = inference.continue_prompts(restored, prompts, max_new_tokens=min(config.decode.max_new_tokens, room),
                                        temperature=config.decode.temperature, top_k=config.decode.top_k,
                                        top_p=config.decode.top_p, batch_size=config.decode.batch_size)
@@ -138,7 +142,7 @@ def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -
              'params': _count_params(restored.params), **{f'{split}_{k}': v for k, v in scores.items()}}
   if jax.process_index() == 0:
     _write_results(Workdir(workdir), split, config, results)
-  results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, documents)]
+  results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
   return results
 
 
@@ -162,29 +166,24 @@ def _count_params(params) -> int:
 
 
 def describe(results: dict, num_samples: int) -> str:
-  """A short human-readable report of `evaluate_split`'s results."""
+  """A short human-readable report of `evaluate_split`'s results, with `num_samples` of its samples."""
   split = results['split']
   if 'bits_per_byte' in results:
-    return _describe_documents(results, num_samples)
-  lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
-           f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
-           f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
-           f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; '
-           f'params of step(s) {results["averaged_steps"]}']
-  for src, hyp, ref in results['samples'][:num_samples]:
-    lines += [f'  source:    {src}', f'  output:    {hyp}', f'  reference: {ref}']
-  return '\n'.join(lines)
-
-
-def _describe_documents(results: dict, num_samples: int) -> str:
-  split = results['split']
-  lines = [f'{split}: perplexity {results["perplexity"]:.3f} against {results["unigram_perplexity"]:.1f} of the '
-           'unigram model (add-one smoothed token counts of the training split), bits per byte '
-           f'{results["bits_per_byte"]:.4f}, nll {results[f"{split}_nll"]:.4f}, accuracy '
-           f'{results[f"{split}_accuracy"]:.3f} on {results["num_documents"]} documents ({results["num_tokens"]} '
-           f'tokens); params of step(s) {results["averaged_steps"]}']
-  for prompt, text, document in results['samples'][:num_samples]:
-    lines += [f'  prompt:    {prompt}', f'  sample:    {text}', f'  reference: {document}']
+    labels = ('prompt', 'sample', 'reference')
+    headline = (f'{split}: perplexity {results["perplexity"]:.3f} against {results["unigram_perplexity"]:.1f} of '
+                'the unigram model (add-one smoothed token counts of the training split), bits per byte '
+                f'{results["bits_per_byte"]:.4f}, nll {results[f"{split}_nll"]:.4f}, accuracy '
+                f'{results[f"{split}_accuracy"]:.3f} on {results["num_documents"]} documents '
+                f'({results["num_tokens"]} tokens)')
+  else:
+    labels = ('source', 'output', 'reference')
+    headline = (f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
+                f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
+                f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
+                f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences')
+  lines = [f'{headline}; params of step(s) {results["averaged_steps"]}']
+  for sample in results['samples'][:num_samples]:
+    lines += [f'  {label + ":":<11}{text}' for label, text in zip(labels, sample)]
   return '\n'.join(lines)
 
 
