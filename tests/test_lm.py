@@ -222,12 +222,17 @@ def test_evaluation_reports_perplexity_bits_per_byte_and_the_unigram_baseline(tr
   assert document.startswith(prompt) and f'  sample:    {sample}' in text
 
 
-def test_prompts_longer_than_the_model_are_refused(trained_lm):
+def test_prompts_longer_than_the_model_are_refused_or_fitted(trained_lm):
   config, workdir = trained_lm
   restored = inference.restore(config, workdir)
+  long_prompt = next(text for n in range(1, 64) if len(restored.tokenizer.encode(text := ' '.join(['dog'] * n))) >= 28)
+  prompts = ['The dog', long_prompt]  # 28 or 29 tokens: room for 3 or 4 more in the model's 32
   with pytest.raises(ValueError, match=r"prompt 2 has \d+ tokens, which with max_new_tokens=8 is more than the "
                                        r"model's max length 32: shorten the prompt"):
-    inference.continue_prompts(restored, ['The dog', ' '.join(['dog'] * 40)], max_new_tokens=8)
+    inference.continue_prompts(restored, prompts, max_new_tokens=8)
+  # With fit, every prompt gets as many new tokens as the longest leaves room for.
+  (short,), (long,) = inference.continue_prompts(restored, prompts, max_new_tokens=8, temperature=0, fit=True)
+  assert short.startswith('The dog') and long.startswith(long_prompt)
 
 
 def _run(args, **kwargs):

@@ -5,7 +5,7 @@ python -m transformer_jax.generate --workdir=DIR --prompt="The dog" [--max_new_t
 Prints --num_samples texts per prompt, one per line, prompts in order: the prompt followed by what the model wrote,
 up to --max_new_tokens tokens or the end of its document. Each prompt goes through the model's key/value cache at
 once, then tokens are sampled from it (--temperature=0: greedy), batched and jitted once per shape. Unset flags
-take the run's `decode.*` settings.
+take the run's `decode.*` settings (an unset --max_new_tokens also stops at the model's max length).
 """
 
 import sys
@@ -51,7 +51,8 @@ def main(argv):
   restored = inference.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
   prompts = [_PROMPT.value] if _PROMPT.value is not None else sys.stdin.read().splitlines()
   texts = inference.continue_prompts(restored, prompts, **{name: config.decode[name] for name in _SAMPLING},
-                                     seed=_SEED.value, num_samples=_NUM_SAMPLES.value, batch_size=_BATCH.value)
+                                     seed=_SEED.value, num_samples=_NUM_SAMPLES.value, batch_size=_BATCH.value,
+                                     fit=_SAMPLING['max_new_tokens'].value is None)
   sys.stdout.write(''.join(text + '\n' for samples in texts for text in samples))
 
 

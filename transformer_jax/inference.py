@@ -301,12 +301,18 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
 
 
 def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                     top_k: int = 0, top_p: float = 1.0, seed: int = 0, num_samples: int = 1,
-                     batch_size: int = 32) -> list[list[str]]:
+                     top_k: int = 0, top_p: float = 1.0, seed: int = 0, num_samples: int = 1, batch_size: int = 32,
+                     fit: bool = False) -> list[list[str]]:
   """`num_samples` texts per prompt: the prompt continued by a language model for up to `max_new_tokens` tokens
-  (or to the end of its document), sampled (temperature 0: greedy), batched and jitted once per shape."""
+  (or to the end of its document), sampled (temperature 0: greedy), batched and jitted once per shape.
+
+  A prompt too long for `max_new_tokens` more tokens within the model's max length is an error, or with `fit`
+  all prompts get as many new tokens as the longest leaves room for.
+  """
   max_len = restored.config.model.max_len
   encoded = [restored.tokenizer.encode(prompt) for prompt in prompts]
+  if fit:
+    max_new_tokens = max(min(max_new_tokens, max_len - max(map(len, encoded), default=0)), 1)
   for number, ids in enumerate(encoded, 1):
     if len(ids) + max_new_tokens > max_len:
       raise ValueError(f'prompt {number} has {len(ids)} tokens, which with max_new_tokens={max_new_tokens} is more '

@@ -127,13 +127,12 @@ def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -
   scores = teacher_forced_metrics(restored, documents)
   num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
   examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
-  prompt_length = lambda document: len(restored.tokenizer.encode(_first_half(document)))
-  examples = [document for document in examples if prompt_length(document) < config.model.max_len]  # room left
+  fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < config.model.max_len
+  examples = [document for document in examples if fits(document)]
   prompts = [_first_half(document) for document in examples]
-  room = config.model.max_len - max(map(prompt_length, examples), default=0)
-  samples = inference.continue_prompts(restored, prompts, max_new_tokens=min(config.decode.max_new_tokens, room),
+  samples = inference.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
                                        temperature=config.decode.temperature, top_k=config.decode.top_k,
-                                       top_p=config.decode.top_p, batch_size=config.decode.batch_size)
+                                       top_p=config.decode.top_p, batch_size=config.decode.batch_size, fit=True)
   results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
              'perplexity': scores['perplexity'],
              'bits_per_byte': metrics_lib.bits_per_byte(scores['nll'] * scores['tokens'], num_bytes),

@@ -31,7 +31,7 @@ def default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       'vocab_size': 8000,  # number of pieces incl. the 4 reserved ids; WMT configs use 37000
       'model_type': 'bpe',  # 'bpe' (paper) or 'unigram'
-      'sample_size': 400_000,  # max sentences (both sides counted) sampled to train on
+      'sample_size': 400_000,  # max sentences (both sides counted; or documents) sampled to train on
       'seed': 0,  # seeds the choice of the training sample
       'character_coverage': 1.0,  # keep every character seen in the sample
   })
