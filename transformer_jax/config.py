@@ -36,9 +36,9 @@ from transformer_jax.errors import one_line
 from transformer_jax.workdir import Workdir
 
 # What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
-# runtime choices (same parameters, other computation). Everything else is fixed by the training run.
+# runtime choices (same parameters, other computation or layer layout). Everything else is fixed by the training run.
 EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
-                   'model.cpu_kernels')
+                   'model.cpu_kernels', 'model.scan_layers')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -69,7 +69,7 @@ def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | 
   model = model_config.ModelConfig.from_dict(config.model)
   if data_splits is None:
     data_splits = ('train', config.eval.split, config.eval.test_split)
-  sources.validate(config.data, data_splits)
+  sources.validate(config.data, data_splits, documents=model.decoder_only)  # a language model reads documents
   tokenizer.validate(config.tokenizer)
   pipeline.validate(config.pipeline)
   sharding.validate(config.mesh, model)

@@ -16,6 +16,7 @@ from absl import logging
 from tensorboardX import SummaryWriter
 
 from transformer_jax import metrics as metrics_lib
+from transformer_jax.data import pipeline
 from transformer_jax.workdir import Workdir
 
 
@@ -71,13 +72,16 @@ class TrainReport:
     self._window_start += seconds
 
   def add(self, step_metrics: dict, host_batch: dict):
-    """One finished step: its (on-device) metrics and this host's batch (tokens counted, FLOPs estimated)."""
+    """One finished step: its (on-device) metrics and this host's batch (tokens counted, FLOPs estimated).
+
+    Tokens are those of both sides of a translation batch, of the 'targets' of a language model's.
+    """
     self._pending.append(step_metrics)
-    self._tokens += int(np.count_nonzero(host_batch['inputs']) + np.count_nonzero(host_batch['targets'])) \
-        * jax.process_count()
-    rows = host_batch['inputs'].shape[0] * jax.process_count()
-    self._flops += metrics_lib.train_flops(self._model_config, rows, host_batch['inputs'].shape[1],
-                                           host_batch['targets'].shape[1])
+    sides = [host_batch[key] for key in pipeline.SIDES if key in host_batch]
+    self._tokens += sum(int(np.count_nonzero(side)) for side in sides) * jax.process_count()
+    rows, target_len = host_batch['targets'].shape
+    source_len = host_batch['inputs'].shape[1] if 'inputs' in host_batch else 0
+    self._flops += metrics_lib.train_flops(self._model_config, rows * jax.process_count(), source_len, target_len)
 
   @property
   def has_pending(self) -> bool:

@@ -1,5 +1,6 @@
-"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations, results files and the
-printed report. Used by training (in-run validation, the final report) and by `eval.py`."""
+"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations (or, for a language model,
+perplexity, bits per byte, the unigram baseline and sampled continuations), results files and the printed
+report. Used by training (in-run validation, the final report) and by `eval.py`."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import numpy as np
 from absl import logging
 
 from transformer_jax import checkpoint
+from transformer_jax import files
 from transformer_jax import inference
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import scores
@@ -17,6 +19,7 @@ from transformer_jax import sharding
 from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
+from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 
 
@@ -27,8 +30,11 @@ def default_config() -> ml_collections.ConfigDict:
       'test_split': 'test',  # BLEU at the end of training and the default of eval.py
       'batch_size': 64,  # sentences per teacher-forced batch (global)
       'average_last': 5,  # checkpoints averaged for the final evaluation (§6.1: 5 base, 20 big)
-      'num_samples': 5,  # sample translations printed
+      'num_samples': 5,  # sample translations (language model: continuations of held-out prompts) printed
   })
+
+# The unigram baseline of a language model counts tokens of at most this many training documents (a seeded sample).
+UNIGRAM_DOCUMENTS = 200_000
 
 
 def validate(eval_config: ml_collections.ConfigDict) -> None:
@@ -39,8 +45,9 @@ def validate(eval_config: ml_collections.ConfigDict) -> None:
 
 def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
                    max_length: int | None = None) -> dict:
-  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split;
-  sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
+  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
+  pairs or documents, and the number of target tokens; sentences longer than `max_length`
+  (`ModelConfig.position_limit`) are cut to it."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count(), max_length=max_length)
@@ -50,11 +57,11 @@ def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batch
     batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
     sums = jax.device_get(eval_fn(params, batch))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
-  return metrics_lib.normalize(totals)
+  return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
 def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair, with restored params."""
+  """`teacher_forced` over every pair (or document), with restored params."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.params)
   eval_fn = steps.jit_eval_step(restored.model, restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
@@ -79,10 +86,13 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
 
 
 def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> dict:
-  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split.
+  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split; a
+  language model's numbers instead (`evaluate_documents`).
 
   Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
   """
+  if restored.model.config.decoder_only:
+    return evaluate_documents(restored, workdir, split)
   config, run_dir = restored.config, Workdir(workdir)
   for key in ('eval.batch_size', 'decode.batch_size'):
     section, name = key.split('.')
@@ -101,34 +111,97 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
   results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
              **scores.corpus_scores(hypotheses, references), 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
-             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
-             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
+             'params': _count_params(restored.params), 'beam_size': config.decode.beam_size,
+             'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
   if jax.process_index() == 0:
     results['translations'] = write_translations(
         run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references})
-    with open(run_dir.results_file(split, config.eval.test_split), 'w', encoding='utf-8') as f:
-      json.dump(results, f, indent=2)
+    _write_results(run_dir, split, config, results)
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
 
 
+def _write_results(run_dir: Workdir, split: str, config, results: dict) -> None:
+  files.write_atomically(run_dir.results_file(split, config.eval.test_split), json.dumps(results, indent=2))
+
+
+def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -> dict:
+  """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
+  byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
+  those whose half leaves the model room to continue).
+
+  Bits per byte: the total NLL in bits over the UTF-8 bytes of the documents, each counted with one byte more
+  for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir.
+  """
+  config = restored.config
+  documents = sources.load_documents(config.data, split)
+  losses = teacher_forced_metrics(restored, documents)
+  num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
+  examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
+  fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < config.model.max_len
+  examples = [document for document in examples if fits(document)]
+  prompts = [_first_half(document) for document in examples]
+  samples = inference.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
+                                       temperature=config.decode.temperature, top_k=config.decode.top_k,
+                                       top_p=config.decode.top_p, batch_size=config.decode.batch_size, fit=True)
+  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
+             'perplexity': losses['perplexity'],
+             'bits_per_byte': metrics_lib.bits_per_byte(losses['nll'] * losses['tokens'], num_bytes),
+             'unigram_perplexity': unigram_baseline(restored.tokenizer, config.data, documents),
+             'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
+             'params': _count_params(restored.params), **{f'{split}_{k}': v for k, v in losses.items()}}
+  if jax.process_index() == 0:
+    _write_results(Workdir(workdir), split, config, results)
+  results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
+  return results
+
+
+def unigram_baseline(tokenizer, data_config, documents) -> float:
+  """The perplexity on `documents` (their tokens and EOS, as the model is scored) of the add-one smoothed unigram
+  model of the training split's tokens (a seeded sample of at most UNIGRAM_DOCUMENTS documents)."""
+  train = sources.load_documents(data_config, 'train')
+  chosen = np.random.default_rng(0).choice(len(train), min(len(train), UNIGRAM_DOCUMENTS), replace=False)
+  ids = lambda texts: (tokenizer.encode(text) + [EOS_ID] for text in texts)
+  return metrics_lib.unigram_perplexity(ids(train[int(i)] for i in chosen), ids(documents), tokenizer.vocab_size)
+
+
+def _first_half(document: str) -> str:
+  """A prompt from a held-out document: its first half of words (at least one)."""
+  words = document.split()
+  return ' '.join(words[:max(1, len(words) // 2)])
+
+
+def _count_params(params) -> int:
+  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
 def describe(results: dict, num_samples: int) -> str:
-  """A short human-readable report of `evaluate_split`'s results."""
+  """A short human-readable report of `evaluate_split`'s results, with `num_samples` of its samples."""
   split = results['split']
-  lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
-           f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
-           f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
-           f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
-           f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
-           f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; '
-           f'params of step(s) {results["averaged_steps"]}']
-  for src, hyp, ref in results['samples'][:num_samples]:
-    lines += [f'  source:    {src}', f'  output:    {hyp}', f'  reference: {ref}']
+  if 'bits_per_byte' in results:
+    labels = ('prompt', 'sample', 'reference')
+    headline = (f'{split}: perplexity {results["perplexity"]:.3f} against {results["unigram_perplexity"]:.1f} of '
+                'the unigram model (add-one smoothed token counts of the training split), bits per byte '
+                f'{results["bits_per_byte"]:.4f}, nll {results[f"{split}_nll"]:.4f}, accuracy '
+                f'{results[f"{split}_accuracy"]:.3f} on {results["num_documents"]} documents '
+                f'({results["num_tokens"]} tokens)')
+  else:
+    labels = ('source', 'output', 'reference')
+    headline = (f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
+                f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
+                f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
+                f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
+                f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
+                f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences')
+  lines = [f'{headline}; params of step(s) {results["averaged_steps"]}']
+  for sample in results['samples'][:num_samples]:
+    lines += [f'  {label + ":":<11}{text}' for label, text in zip(labels, sample)]
   return '\n'.join(lines)
 
 
 def final_report(config, workdir: str) -> dict:
-  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU."""
+  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
+  (a language model: perplexity against the unigram baseline, and samples)."""
   manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
   available = len(manager.all_steps())
   manager.close()
