@@ -3,7 +3,9 @@
 libtpu compiles for a named topology on any machine (`jax.experimental.topologies` gives compile-only devices),
 so a config's train step can be checked against a slice before one is rented: whether it fits in HBM (and what
 to change when it does not), which collectives XLA inserted for the mesh, and a roofline step time.
-GPU targets cannot be compiled this way: jax 0.10.2 has no compile-only GPU topology without a GPU.
+GPU targets are not covered: the CUDA plugin (jax-cuda12-plugin 0.10.2) refuses a GPU topology on a machine
+without a GPU ("No visible GPU devices") unless given a GpuTargetConfigProto as `target_config`, and compiling
+would then also need ptxas and libdevice; that path is untried here.
 
 python -m transformer_jax.aot --config=configs/wmt14_ende_big.py --topology=v4-8 --mesh=fsdp
 """
@@ -331,7 +333,7 @@ class Program:
 def train_step_for_topology(config: ml_collections.ConfigDict, devices, batch_shape: tuple[int, int]) -> Program:
   """The trainer's jitted train step with abstract, sharded state and batch, as `trainer._train` builds it.
 
-  The one place that knows how the trainer assembles its step (kept in step with it by the tests).
+  The one place here that knows how the trainer assembles its step: change it with the trainer.
   """
   mesh = sharding.make_mesh(config.mesh, devices)
   rules = sharding.rules_from_config(config.mesh)
@@ -435,13 +437,16 @@ def main(argv=None):
   parser.add_argument('--dtype', default=None, help="model.dtype to compile with, e.g. 'bfloat16'")
   parser.add_argument('--json', action='store_true', help='print the analysis as JSON')
   args = parser.parse_args(argv)
-  config = config_cli.load_config_file(args.config)
-  topo = get_topology(args.topology)
-  if args.mesh != 'config':
-    set_mesh_shape(config, mesh_presets(topo.num_chips)[args.mesh])
-  if args.dtype:
-    config.model.dtype = args.dtype
-  result = analyze_train_step(config, args.topology)
+  try:
+    config = config_cli.load_config_file(args.config)
+    topo = get_topology(args.topology)
+    if args.mesh != 'config':
+      set_mesh_shape(config, mesh_presets(topo.num_chips)[args.mesh])
+    if args.dtype:
+      config.model.dtype = args.dtype
+    result = analyze_train_step(config, args.topology)
+  except (ValueError, RuntimeError) as e:
+    parser.error(str(e))
   if args.json:
     import json  # pylint: disable=g-import-not-at-top
     print(json.dumps(dict(result.as_dict(), advice=advice(result, config))))

@@ -243,7 +243,7 @@ def _pad_to(x, axis: int, size: int, value=0):
 def _any_key(spec: MaskSpec, dtype):
   """[b, q, 1, 1]: 1 for queries that may attend to some key, 0 for the others (whose output must be 0).
 
-  A reduction over the boolean mask that XLA fuses without materialising it; the kernels cannot tell, since a
+  A reduction over the boolean mask, which XLA can fuse with building it; the kernels cannot tell, since a
   fully masked row softmaxes to uniform weights over its masked keys.
   """
   return jnp.any(full_mask(spec), axis=-1)[:, 0, :, None, None].astype(dtype)
