@@ -120,3 +120,20 @@ def test_missing_libtpu_says_how_to_install_it(monkeypatch):
   monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else real(name, *a))
   with pytest.raises(RuntimeError, match=rf'pip install "jax\[tpu\]=={jax.__version__}"'):
     aot.topology_devices('v6e-4')
+
+
+def test_parse_collectives_counts_each_op_once_with_its_result_bytes():
+  hlo = '\n'.join([
+      '  %all-reduce.1 = (f32[512]{0:T(512)}, bf16[8,64]{1,0}) all-reduce(%a, %b), to_apply=%add',
+      '  %ag-start = (bf16[4,8]{1,0}, bf16[16,8]{1,0}) all-gather-start(%c), dimensions={0}',
+      '  %ag-done = bf16[16,8]{1,0:T(8,128)(2,1)} all-gather-done(%ag-start)',
+      '  %rs = f32[2,3]{1,0} reduce-scatter(f32[8,3]{1,0} %d), dimensions={0}',
+      '  %gte = f32[512]{0} get-tuple-element(%all-reduce.1), index=0',
+      '  ROOT %cp = s32[10]{0} collective-permute(%e), source_target_pairs={{0,1}}',
+  ])
+  found = aot.parse_collectives(hlo)
+  assert found['all-reduce'] == aot.Collective(1, 512 * 4 + 8 * 64 * 2)
+  assert found['all-gather'] == aot.Collective(1, 16 * 8 * 2)
+  assert found['reduce-scatter'] == aot.Collective(1, 2 * 3 * 4)
+  assert found['collective-permute'] == aot.Collective(1, 10 * 4)
+  assert found['all-to-all'] == aot.Collective(0, 0)
