@@ -4,12 +4,14 @@ Run on a CPU in Pallas interpret mode (`attention.interpret_kernels`). That the 
 real TPU inside the train step is tested in test_aot.py.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from transformer_jax import attention
+from transformer_jax import sharding
 
 # Lengths not a multiple of any kernel block, so the wrappers' padding is exercised.
 CASES = {
@@ -57,8 +59,9 @@ def _output_and_grads(implementation, q, k, v, spec, cotangent):
 
 
 def _runs_a_kernel(implementation, q, k, v, spec) -> bool:
-  jaxpr = jax.make_jaxpr(lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation))(q, k, v)
-  return 'pallas_call' in str(jaxpr)
+  """Whether the implementation runs a Pallas kernel when the spec is traced too (as through jit or remat)."""
+  run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation=implementation)
+  return 'pallas_call' in str(jax.make_jaxpr(run)(q, k, v, spec))
 
 
 @pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
@@ -81,6 +84,19 @@ def test_kernel_matches_reference(implementation, case):
     assert np.all(np.asarray(out)[no_key] == 0.0)
   for name, got, want in zip('qkv', grads, expected[1]):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f'd{name}')
+
+
+@pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
+def test_kernel_runs_per_device_block_on_a_mesh(implementation):
+  """Under a data × tensor mesh each device runs the kernel on its rows and heads (shard_map), same result."""
+  q, k, v, spec = _case('packed_causal')
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), sharding.MESH_AXES)
+  expected = attention.attend(q, k, v, spec, implementation='reference')
+  with attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
+    assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr
+    out = jax.jit(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec)
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
 
 
 def test_cached_decoding_falls_back_to_reference():

@@ -32,7 +32,7 @@ class MaskSpec:
   kv_valid: jax.Array  # [batch, k] bool
   q_segment: jax.Array | None = None  # [batch, q] int; packed rows
   kv_segment: jax.Array | None = None  # [batch, k] int
-  q_offset: jax.Array | int = 0
+  q_offset: jax.Array | int | None = None  # None: 0, and known to be 0 through jit and remat (an int 0 is traced)
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
   # True when queries and keys are the same positions with the same validity and segments (self-attention),
@@ -50,6 +50,11 @@ class MaskSpec:
     return self.q_segment is not None
 
   @property
+  def has_offset(self) -> bool:
+    """Queries may start after key 0 (cached decoding): anything but None or a literal 0."""
+    return self.q_offset is not None and not (isinstance(self.q_offset, int) and self.q_offset == 0)
+
+  @property
   def sides_match(self) -> bool:
     """Statically known to describe queries and keys alike (declared, or the very same arrays)."""
     return self.shared_sides or (self.q_valid is self.kv_valid and self.q_segment is self.kv_segment)
@@ -65,7 +70,7 @@ def mask_block(spec: MaskSpec, q_start, q_len: int, k_start, k_len: int) -> jax.
     kv_seg = jax.lax.dynamic_slice_in_dim(spec.kv_segment, k_start, k_len, axis=1)
     mask &= q_seg[:, :, None] == kv_seg[:, None, :]
   if spec.causal:
-    q_idx = q_start + spec.q_offset + jnp.arange(q_len)
+    q_idx = q_start + (0 if spec.q_offset is None else spec.q_offset) + jnp.arange(q_len)
     k_idx = k_start + jnp.arange(k_len)
     mask &= (k_idx[None, :] <= q_idx[:, None])[None]
   return mask[:, None]
@@ -108,7 +113,7 @@ def dot_product_attention(q, k, v, spec):
 
 def _cudnn_applicable(q, k, spec) -> bool:
   return (jax.default_backend() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16)
-          and not spec.has_segments and isinstance(spec.q_offset, int) and spec.q_offset == 0
+          and not spec.has_segments and not spec.has_offset
           and (not spec.causal or q.shape[1] == k.shape[1]) and q.shape[-1] % 8 == 0
           and q.shape[-1] <= 128)
 
@@ -274,7 +279,7 @@ def _per_device(kernel, q, k, v, q_ids, kv_ids):
 
 def _fallback_needed(spec: MaskSpec) -> bool:
   """Cached decoding (queries after a prefix) is beyond the kernels' causal masks: 'reference' serves it."""
-  return not (isinstance(spec.q_offset, int) and spec.q_offset == 0)
+  return spec.has_offset
 
 
 def flash_tpu_attention(q, k, v, spec):
