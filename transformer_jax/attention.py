@@ -286,8 +286,8 @@ def flash_tpu_attention(q, k, v, spec):
   """The Pallas TPU flash-attention kernel (`jax.experimental.pallas.ops.tpu.flash_attention`).
 
   Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's own
-  mask. Its blocks need key lengths in multiples of 128 and query lengths in
-  multiples of 8 (128 above 128): both are padded here, and head dims up to max(d_k, d_v). Cached decoding
+  mask. Its blocks need key lengths in multiples of 128 and query lengths in multiples of 8 (of 128 above
+  128): both are padded here, and head dims to max(d_k, d_v) (a multiple of 128 above 128). Cached decoding
   (q_offset > 0) falls back to 'reference'.
   """
   if _fallback_needed(spec):
@@ -315,7 +315,8 @@ def flash_tpu_attention(q, k, v, spec):
     return heads_major(out)
 
   out = _per_device(
-      _tpu_interpreted(kernel) if _INTERPRET.get() else kernel, _pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
+      _tpu_interpreted(kernel) if _INTERPRET.get() else kernel,
+      _pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
       _pad_to(_pad_to(v, 1, k_size), 3, head),
       _pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
       _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID))
