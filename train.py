@@ -19,12 +19,33 @@ _HOST_MEMORY = flags.DEFINE_enum(
     'host_memory', 'auto', ['auto', 'reuse', 'system'],
     "'reuse': glibc keeps freed memory for the next step (1.4x a base-model step on a CPU, see "
     "cpu_backend.reuse_host_memory); 'system': glibc's defaults; 'auto': reuse when JAX will run on the CPU.")
+_COMPILE_ONLY = flags.DEFINE_bool(
+    'compile_only', False, 'Compile what the run would compile (its train step for every batch shape, its eval '
+    'step) for --topology, without its chips and without reading data; report per-chip HBM, FLOPs, collectives '
+    'and a roofline step time; exit 1 with what to change if it does not fit.')
+_TOPOLOGY = flags.DEFINE_string('topology', None, 'The TPU slice for --compile_only, e.g. v4-8, v4-32, v5e-8, v5p-8.')
 distributed.define_flags()
+flags.register_validator('compile_only', lambda on: not on or _TOPOLOGY.value,
+                         message='--compile_only needs --topology (e.g. --topology=v4-32).')
+
+
+def compile_only(config) -> None:
+  """--compile_only: every program of the run compiled for --topology, reported; one line if one does not fit."""
+  from transformer_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
+  config_lib.validate(config, data_splits=())
+  results = aot.compile_run(config, _TOPOLOGY.value)
+  for what, analysis in results:
+    print(f'{what}:\n{aot.summary(analysis)}\n')
+  for what, analysis in results:
+    if not analysis.fits:
+      raise ValueError(f'{what} does not fit on {_TOPOLOGY.value}: {aot.advice(analysis, config)}')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.key=value.')
+  if _COMPILE_ONLY.value:
+    return compile_only(_CONFIG.value)
   with preemption.StopRequest(multi_process=distributed.requested()) as stop:  # from here to the final report
     reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
     reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads

@@ -37,7 +37,7 @@ def _naive_mask(spec):
     if spec.q_segment is not None:
       ok &= bool(spec.q_segment[n, i] == spec.kv_segment[n, j])
     if spec.causal:
-      ok &= j <= i + spec.q_offset
+      ok &= j <= i + (spec.q_offset or 0)
     out[n, 0, i, j] = ok
   return out
 

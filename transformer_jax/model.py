@@ -282,8 +282,7 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segment_ids=None, *, deterministic=True):
     cfg = self.config
-    spec = attention.MaskSpec(q_valid=inputs > 0, kv_valid=inputs > 0,
-                              q_segment=inputs_segment_ids, kv_segment=inputs_segment_ids)
+    spec = attention.MaskSpec.self_attention(inputs > 0, inputs_segment_ids)
     x = Embedder(cfg, self.embedding, name='embedder')(
         inputs, _positions_or_default(inputs, inputs_positions), deterministic=deterministic)
     x = _layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, spec, deterministic=deterministic)
@@ -313,8 +312,7 @@ class Decoder(nn.Module):
         if targets_positions is None:
           targets_positions = _positions_or_default(decoder_inputs, None) + decode_index
         index.value = decode_index + decoder_inputs.shape[1]
-    self_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=target_valid, q_segment=targets_segment_ids,
-                                   kv_segment=targets_segment_ids, causal=True)
+    self_spec = attention.MaskSpec.self_attention(target_valid, targets_segment_ids, causal=True)
     cross_spec = None if cfg.decoder_only else attention.MaskSpec(
         q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segment_ids, kv_segment=inputs_segment_ids)
     y = Embedder(cfg, self.embedding, name='embedder')(

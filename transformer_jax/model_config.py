@@ -11,7 +11,7 @@ from transformer_jax import cpu_backend
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 POSITIONAL = ('sinusoidal', 'learned')
 NORMS = ('post', 'pre')
-ATTENTIONS = ('reference', 'dot_product', 'chunked')
+ATTENTIONS = ('reference', 'dot_product', 'chunked', 'flash_tpu', 'flash_gpu')
 REMATS = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 

@@ -1,0 +1,166 @@
+"""Compiling for a TPU slice without its chips (libtpu's compile-only devices), on this CPU-only machine.
+
+The train step is the base config shrunk by `runlocal` to one layer per side (the full base model takes ~4-9
+minutes per compile on 2 cores; see docs/fits.md for it and the big model on every mesh).
+"""
+
+import importlib.util
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import helpers
+from transformer_jax import aot
+from transformer_jax import config as config_lib
+from transformer_jax import sharding
+
+TOPOLOGY = 'v4-8'  # 4 chips
+
+
+def small_config(mesh: str, topology: str = TOPOLOGY, **model):
+  config = config_lib.load('configs/wmt14_ende_base.py:runlocal')
+  config.model.update(num_encoder_layers=1, num_decoder_layers=1, dtype='bfloat16', **model)
+  aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
+  return config
+
+
+@pytest.fixture(scope='module')
+def analyses():
+  """One compiled analysis per mesh, made on first use and shared by the tests below."""
+  cache = {}
+
+  def get(mesh):
+    if mesh not in cache:
+      cache[mesh] = aot.analyze_train_step(small_config(mesh), TOPOLOGY)
+    return cache[mesh]
+
+  return get
+
+
+def _train_step(config) -> aot.Program:
+  """The run's train step for its longest batch shape, with abstract arguments on the v4-8 devices."""
+  return [p for p in aot.run_programs(config, aot.topology_devices(TOPOLOGY)) if p.what.startswith('train')][-1]
+
+
+def _param_bytes(config) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(_train_step(config).args[0].params))
+
+
+@pytest.mark.parametrize('mesh', ['data', 'fsdp', 'fsdp_tensor'])
+def test_train_step_compiles_for_v4_8(analyses, mesh):
+  analysis = analyses(mesh)
+  assert analysis.num_chips == 4 and analysis.fits
+  assert analysis.flops * analysis.num_chips >= analysis.model_flops  # the analytic count is matmuls only
+  assert 0 < analysis.step_seconds and 0 < analysis.mfu_bound < 1
+  collectives = analysis.collectives
+  assert collectives['all-reduce'].count > 0  # gradients (data) or partial sums (fsdp, tensor)
+  if mesh == 'data':
+    assert collectives['all-gather'].count == 0  # replicated parameters need no gathering
+  else:
+    assert collectives['all-gather'].count > 0 and collectives['all-gather'].bytes > 0  # sharded parameters
+
+
+def test_fsdp_holds_a_quarter_of_the_state_per_chip(analyses):
+  total = _param_bytes(small_config('data'))
+  data, fsdp = analyses('data').arguments, analyses('fsdp').arguments
+  assert data['params'] == total
+  # Everything with an 'embed' axis is split 4 ways; only the FFN's hidden biases (d_ff per layer) and the
+  # scalar-free rest stay whole: well under a tenth of a quarter here.
+  assert total / 4 <= fsdp['params'] <= 1.1 * total / 4
+  assert fsdp['optimizer'] < 0.3 * data['optimizer']
+
+
+def test_oversized_config_does_not_fit_and_says_what_to_change():
+  # 1M-piece vocabulary × d_model 2048: 2.1G parameters, 24 GiB with Adam's moments, replicated on 16 GiB chips.
+  config = small_config('data', topology='v5e-8', vocab_size=1 << 20, d_model=2048, d_ff=256)
+  analysis = aot.analyze_train_step(config, 'v5e-8')
+  # XLA refuses the program (its buffers exceed HBM); the analysis keeps its figure for the temporaries.
+  assert analysis.compile_error.startswith('RESOURCE_EXHAUSTED') and analysis.temp_bytes > 16 * aot.GiB
+  assert not analysis.fits and analysis.arguments['params'] > 8 * aot.GiB
+  advice = aot.advice(analysis, config)
+  assert '\n' not in advice and 'FSDP' in advice and 'fsdp=8' in advice
+
+
+def _analysis(params, optimizer, temps, capacity=16 * aot.GiB):
+  """A synthetic analysis: the advice depends only on these figures and the config."""
+  return aot.Analysis(
+      topology='v5e-8', num_chips=8, hbm_capacity=capacity, peak_flops=1e12, hbm_bandwidth=1e12,
+      arguments={'params': params, 'optimizer': optimizer, 'other': 0}, argument_bytes=params + optimizer,
+      output_bytes=0, temp_bytes=temps, code_bytes=0, flops=1.0, bytes_accessed=1.0, collectives={},
+      model_flops=None, compile_seconds=0.0)
+
+
+@pytest.mark.parametrize('mesh,remat,params,temps,expected', [
+    ({'data': 1, 'fsdp': 8, 'tensor': 1}, 'none', 8, 2, 'tensor parallelism'),
+    ({'data': 8, 'fsdp': 1, 'tensor': 1}, 'none', 1, 20, 'model.remat=full'),
+    ({'data': 8, 'fsdp': 1, 'tensor': 1}, 'full', 1, 20, 'pipeline.tokens_per_batch'),
+])
+def test_advice_names_the_dominant_cost(mesh, remat, params, temps, expected):
+  config = small_config('data', topology='v5e-8')
+  config.mesh.shape.update(mesh)
+  config.model.remat = remat
+  advice = aot.advice(_analysis(params * aot.GiB, 2 * params * aot.GiB, temps * aot.GiB), config)
+  assert expected in advice and '\n' not in advice
+  assert aot.advice(_analysis(1, 1, 1), config) is None  # fits: nothing to change
+
+
+def test_flash_tpu_kernel_compiles_inside_the_train_step():
+  config = small_config('fsdp_tensor', attention='flash_tpu')
+  program = _train_step(config)
+  with sharding.activate(program.mesh, program.rules):
+    hlo = program.jitted.lower(*program.args).compile().as_text()
+  # 1 encoder + 2 decoder attentions, forward and backward (2 backward kernels each): Mosaic custom calls.
+  assert hlo.count('custom_call_target="tpu_custom_call"') >= 9
+
+
+def test_topology_names():
+  assert [aot.get_topology(n).num_chips for n in ('v4-8', 'v4-32', 'v5e-8', 'v5p-8', 'v6e-8')] == [4, 16, 8, 4, 8]
+  assert aot.get_topology('v4-32').libtpu_name == 'v4:2x2x4'
+  with pytest.raises(ValueError, match=r"unknown TPU topology 'v4-7': use one of v4-8, "):
+    aot.get_topology('v4-7')
+
+
+def test_missing_libtpu_says_how_to_install_it(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else real(name, *a))
+  with pytest.raises(RuntimeError, match=rf'pip install "jax\[tpu\]=={jax.__version__}"'):
+    aot.topology_devices('v6e-4')
+
+
+def test_parse_collectives_counts_each_op_once_with_its_result_bytes():
+  hlo = '\n'.join([
+      '  %all-reduce.1 = (f32[512]{0:T(512)}, bf16[8,64]{1,0}) all-reduce(%a, %b), to_apply=%add',
+      '  %ag-start = (bf16[4,8]{1,0}, bf16[16,8]{1,0}) all-gather-start(%c), dimensions={0}',
+      '  %ag-done = bf16[16,8]{1,0:T(8,128)(2,1)} all-gather-done(%ag-start)',
+      '  %rs = f32[2,3]{1,0} reduce-scatter(f32[8,3]{1,0} %d), dimensions={0}',
+      '  %gte = f32[512]{0} get-tuple-element(%all-reduce.1), index=0',
+      '  ROOT %cp = s32[10]{0} collective-permute(%e), source_target_pairs={{0,1}}',
+  ])
+  found = aot.parse_collectives(hlo)
+  assert found['all-reduce'] == aot.Collective(1, 512 * 4 + 8 * 64 * 2)
+  assert found['all-gather'] == aot.Collective(1, 16 * 8 * 2)
+  assert found['reduce-scatter'] == aot.Collective(1, 2 * 3 * 4)
+  assert found['collective-permute'] == aot.Collective(1, 10 * 4)
+  assert found['all-to-all'] == aot.Collective(0, 0)
+
+
+@pytest.mark.slow
+def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(tmp_path):
+  """train.py --compile_only compiles the run's train and eval steps for the slice (no TPU, no data, no workdir
+  written); a config that does not fit exits 1 with one line saying what to change."""
+  args = [sys.executable, 'train.py', f'--workdir={tmp_path / "w"}', '--compile_only', '--topology=v5e-8',
+          '--config=configs/wmt14_ende_base.py:runlocal', '--config.model.dtype=bfloat16',
+          '--config.mesh.shape.data=8']
+  env = {**helpers.subprocess_env(), 'JAX_PLATFORMS': 'cpu'}
+  ok = subprocess.run(args, cwd=helpers.REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert 'train step, batch 32×64:' in ok.stdout and 'eval step, batch 64×64:' in ok.stdout
+  assert ok.stdout.count('of HBM: fits') == 2
+  big = subprocess.run(args + ['--config.model.vocab_size=1048576', '--config.model.d_model=2048'], cwd=helpers.REPO,
+                       env=env, capture_output=True, text=True, timeout=600)
+  errors = [line for line in big.stderr.splitlines() if line.startswith('error:')]
+  assert big.returncode == 1 and len(errors) == 1
+  assert errors[0].startswith('error: train step, batch 32×64 does not fit on v5e-8: ') and 'FSDP' in errors[0]
+  assert not (tmp_path / 'w').exists()

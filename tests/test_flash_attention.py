@@ -1,0 +1,163 @@
+"""The Pallas flash-attention kernels agree with 'reference', forward and gradients, on every mask form.
+
+Run on a CPU in Pallas interpret mode (`attention.interpret_kernels`). That the TPU kernel also compiles for a
+real TPU inside the train step is tested in test_aot.py.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import attention
+from transformer_jax import sharding
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+
+# Lengths not a multiple of any kernel block, so the wrappers' padding is exercised.
+CASES = {
+    'padding': dict(q_len=20, k_len=20, segments=False, causal=False),
+    'causal': dict(q_len=20, k_len=20, segments=False, causal=True),
+    'packed_causal': dict(q_len=20, k_len=20, segments=True, causal=True),
+    'packed_cross': dict(q_len=9, k_len=17, segments=True, causal=False, d_v=12),
+}
+
+
+def _segments(length, valid_len, sizes):
+  """Consecutive segments 1, 2, ... of the given sizes, then 0 (padding) from valid_len on."""
+  ids = np.concatenate([np.full(n, i + 1) for i, n in enumerate(sizes)] + [np.zeros(length, int)])[:length]
+  return np.where(np.arange(length) < valid_len, ids, 0).astype(np.int32)
+
+
+def _case(name, seed=0, batch=2, heads=2, d_k=8):
+  c = CASES[name]
+  q_len, k_len, d_v = c['q_len'], c['k_len'], c.get('d_v', d_k)
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.normal(size=(batch, q_len, heads, d_k)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(batch, k_len, heads, d_k)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(batch, k_len, heads, d_v)), jnp.float32)
+  q_lens, k_lens = (q_len, q_len - 3), (k_len, k_len - 5)
+  q_valid = jnp.asarray(np.arange(q_len)[None] < np.array(q_lens)[:, None])
+  kv_valid = jnp.asarray(np.arange(k_len)[None] < np.array(k_lens)[:, None])
+  if q_len == k_len:  # self-attention: one validity (and segment) array for both sides
+    segment = None
+    if c['segments']:
+      segment = jnp.asarray(np.stack([_segments(q_len, n, (7, 5, 8)) for n in q_lens]))
+    return q, k, v, attention.MaskSpec.self_attention(q_valid, segment, causal=c['causal'])
+  # Packed cross-attention: row 1's third target segment has no source segment, so its queries see no key.
+  q_segment = jnp.asarray(np.stack([_segments(q_len, q_lens[0], (4, 5)), _segments(q_len, q_lens[1], (2, 2, 2))]))
+  kv_segment = jnp.asarray(np.stack([_segments(k_len, k_lens[0], (9, 8)), _segments(k_len, k_lens[1], (6, 6))]))
+  return q, k, v, attention.MaskSpec(q_valid=q_valid, kv_valid=kv_valid, q_segment=q_segment,
+                                     kv_segment=kv_segment, causal=c['causal'])
+
+
+def _output_and_grads(implementation, q, k, v, spec, cotangent):
+  def run(q, k, v, spec):
+    out, vjp = jax.vjp(lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation), q, k, v)
+    return out, vjp(cotangent)
+
+  return jax.jit(run)(q, k, v, spec)
+
+
+def _runs_a_kernel(implementation, q, k, v, spec) -> bool:
+  """Whether the implementation runs a Pallas kernel when the spec is traced too (as through jit or remat)."""
+  run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation=implementation)
+  return 'pallas_call' in str(jax.make_jaxpr(run)(q, k, v, spec))
+
+
+@pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
+@pytest.mark.parametrize('case', list(CASES))
+def test_kernel_matches_reference(implementation, case):
+  q, k, v, spec = _case(case)
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
+  expected = _output_and_grads('reference', q, k, v, spec, cotangent)
+  with attention.interpret_kernels():
+    # The GPU kernel takes one segment-id array for both sides: cross-attention goes to 'dot_product'.
+    assert _runs_a_kernel(implementation, q, k, v, spec) == (implementation == 'flash_tpu' or spec.sides_match)
+    jitted_out, grads = _output_and_grads(implementation, q, k, v, spec, cotangent)
+    # Also op by op: there the kernels give fully masked rows uniform weights (jitted, XLA happens to give 0).
+    eager_out = attention.attend(q, k, v, spec, implementation=implementation)
+  no_key = ~np.asarray(attention.full_mask(spec)).any(axis=-1)[:, 0]
+  assert no_key.any()
+  for out in (jitted_out, eager_out):
+    np.testing.assert_allclose(out, expected[0], atol=2e-5, rtol=2e-5)
+    # Padding queries, and the packed cross case's queries whose segment has no key, get exact zeros.
+    assert np.all(np.asarray(out)[no_key] == 0.0)
+  for name, got, want in zip('qkv', grads, expected[1]):
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f'd{name}')
+
+
+@pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
+def test_kernel_runs_per_device_block_on_a_mesh(implementation):
+  """Under a data × tensor mesh each device runs the kernel on its rows and heads (shard_map), same result."""
+  q, k, v, spec = _case('packed_causal')
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), sharding.MESH_AXES)
+  expected = attention.attend(q, k, v, spec, implementation='reference')
+  with attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
+    assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr
+    out = jax.jit(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec)
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_cached_decoding_falls_back_to_reference():
+  q, k, v, _ = _case('causal')
+  spec = attention.MaskSpec(q_valid=jnp.ones(q.shape[:2], bool), kv_valid=jnp.ones(k.shape[:2], bool), causal=True,
+                            q_offset=jnp.int32(3))
+  for implementation in ('flash_tpu', 'flash_gpu'):
+    assert not _runs_a_kernel(implementation, q, k, v, spec)
+    np.testing.assert_array_equal(attention.attend(q, k, v, spec, implementation=implementation),
+                                  attention.attend(q, k, v, spec, implementation='reference'))
+
+
+def test_kernel_on_a_cpu_without_interpret_mode_is_an_error():
+  q, k, v, spec = _case('padding')
+  with pytest.raises(ValueError, match='Only interpret mode is supported on CPU'):
+    attention.attend(q, k, v, spec, implementation='flash_tpu')
+
+
+def _packed_batch():
+  """Two rows of two packed examples each, then padding: tokens, positions and segment ids per side."""
+  rng = np.random.default_rng(2)
+
+  def side(lengths, total):
+    tokens = np.zeros((len(lengths), total), np.int32)
+    segments, positions = np.zeros_like(tokens), np.zeros_like(tokens)
+    for row, parts in enumerate(lengths):
+      start = 0
+      for seg, n in enumerate(parts, 1):
+        tokens[row, start:start + n] = rng.integers(4, 40, n)
+        segments[row, start:start + n], positions[row, start:start + n] = seg, np.arange(n)
+        start += n
+    return jnp.asarray(tokens), jnp.asarray(segments), jnp.asarray(positions)
+
+  inputs, inputs_segment_ids, inputs_position = side([(7, 6), (9, 4)], 18)
+  targets, targets_segment_ids, targets_position = side([(5, 8), (10, 3)], 18)
+  return dict(inputs=inputs, targets=targets, inputs_positions=inputs_position, targets_positions=targets_position,
+              inputs_segment_ids=inputs_segment_ids, targets_segment_ids=targets_segment_ids)
+
+
+@pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
+def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
+  """The whole model (remat on, so the mask spec is traced as in training) runs the kernel (its self-attention
+  specs say that queries and keys match: `MaskSpec.self_attention`; flash_gpu's cross-attention falls back to
+  dot_product): same logits and gradients as the reference."""
+  batch = _packed_batch()
+  config = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
+                       num_decoder_layers=1, dropout=0.0, max_len=64, remat='full')
+  params = nn.unbox(Transformer(config).init(jax.random.key(0), batch['inputs'], batch['targets'])['params'])
+
+  def logits_and_grads(attention_impl):
+    model = Transformer(config.replace(attention=attention_impl))
+    loss = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, **batch)))
+    return jax.jit(lambda p: (model.apply({'params': p}, **batch), jax.grad(loss)(p)))(params)
+
+  expected = logits_and_grads('reference')
+  with attention.interpret_kernels():
+    model = Transformer(config.replace(attention=implementation))
+    assert 'pallas_call' in str(jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params))
+    got = logits_and_grads(implementation)
+  np.testing.assert_allclose(got[0], expected[0], atol=1e-4, rtol=1e-4)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):
+    np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=jax.tree_util.keystr(path))

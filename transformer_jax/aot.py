@@ -1,0 +1,426 @@
+"""Compile for a TPU slice without its chips, and read what the program needs: per-chip HBM, FLOPs, collectives.
+
+libtpu compiles for a named topology on any machine (`jax.experimental.topologies` gives compile-only devices),
+so a config's train step can be checked against a slice before one is rented: whether it fits in HBM (and what
+to change when it does not), which collectives XLA inserted for the mesh, and a roofline step time.
+GPU targets are not covered: the CUDA plugin (jax-cuda12-plugin 0.10.2) refuses a GPU topology on a machine
+without a GPU ("No visible GPU devices") unless given a GpuTargetConfigProto as `target_config`, and compiling
+would then also need ptxas and libdevice; that path is untried here.
+
+python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
+"""
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import re
+import time
+
+import jax
+import ml_collections
+
+from transformer_jax import metrics as metrics_lib
+from transformer_jax import sharding
+from transformer_jax import steps
+from transformer_jax.data import pipeline
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU generation's chip, with Google's published per-chip figures (peak FLOP/s: metrics.PEAK_BF16_FLOPS)."""
+
+  device_kind: str  # jax's Device.device_kind
+  hbm_bytes: int
+  hbm_bandwidth: float  # bytes/s
+  libtpu_prefix: str  # libtpu's topology names are '<prefix>:<shape>', e.g. 'v4:2x2x1'
+  chip_config: str  # libtpu's chip_config_name: 'megacore' makes a two-TensorCore chip one device, as on a VM
+  cores_in_name: int  # the accelerator-type name counts TensorCores: v4-8 is 4 chips, v5e-8 is 8
+
+  @property
+  def peak_flops(self) -> float:
+    return metrics_lib.PEAK_BF16_FLOPS[self.device_kind]
+
+
+CHIPS = {
+    'v4': Chip('TPU v4', 32 * GiB, 1.2e12, 'v4', 'megacore', 2),
+    'v5e': Chip('TPU v5 lite', 16 * GiB, 8.19e11, 'v5e', 'default', 1),
+    'v5p': Chip('TPU v5', 95 * GiB, 2.765e12, 'v5p', 'megacore', 2),
+    'v6e': Chip('TPU v6 lite', 32 * GiB, 1.638e12, 'v6e', 'default', 1),
+}
+_SHAPES_3D = ('2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8')
+_SHAPES_2D = ('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
+_SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A single slice by its accelerator-type name (e.g. 'v4-8') and its chip grid (e.g. '2x2x1')."""
+
+  name: str
+  chip: Chip
+  shape: str
+
+  @property
+  def num_chips(self) -> int:
+    return math.prod(int(n) for n in self.shape.split('x'))
+
+  @property
+  def libtpu_name(self) -> str:
+    return f'{self.chip.libtpu_prefix}:{self.shape}'
+
+  @property
+  def chips_per_host(self) -> tuple[int, int, int]:
+    """v4/v5p hosts hold 2x2x1 chips; v5e/v6e hosts up to 2x4 (a v5e-8 or v6e-8 is one host)."""
+    dims = [int(n) for n in self.shape.split('x')] + [1]
+    bound = (2, 2, 1) if len(self.shape.split('x')) == 3 else (2, 4, 1)
+    return tuple(min(b, d) for b, d in zip(bound, dims[:3]))
+
+
+def _all_topologies() -> dict[str, Topology]:
+  out = {}
+  for generation, shapes in _SHAPES.items():
+    chip = CHIPS[generation]
+    for shape in shapes:
+      topo = Topology(f'{generation}-{math.prod(int(n) for n in shape.split("x")) * chip.cores_in_name}', chip, shape)
+      out[topo.name] = topo
+  return out
+
+
+TOPOLOGIES = _all_topologies()
+
+
+def get_topology(name: str) -> Topology:
+  if name not in TOPOLOGIES:
+    raise ValueError(f'unknown TPU topology {name!r}: use one of {", ".join(TOPOLOGIES)}.')
+  return TOPOLOGIES[name]
+
+
+def _libtpu_missing_error(name: str) -> RuntimeError:
+  return RuntimeError(f'compiling for {name} needs libtpu, which is not installed: '
+                      f'pip install "jax[tpu]=={jax.__version__}"')
+
+
+@functools.cache
+def topology_devices(name: str) -> tuple:
+  """The compile-only devices of a named slice (one per chip), usable in a Mesh on a machine without TPUs."""
+  topo = get_topology(name)
+  if importlib.util.find_spec('libtpu') is None:
+    raise _libtpu_missing_error(name)
+  # libtpu locks /tmp/libtpu_lockfile so that one process owns the chips; compiling opens none, and parallel
+  # test workers or a second compile would otherwise be refused.
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    desc = topologies.get_topology_desc(
+        topology_name=topo.libtpu_name, platform='tpu', chip_config_name=topo.chip.chip_config,
+        chips_per_host_bounds=topo.chips_per_host, num_slices=1)
+  except RuntimeError as e:
+    if 'TPU support not installed' in str(e):
+      raise _libtpu_missing_error(name) from None
+    raise
+  devices = tuple(desc.devices)
+  if len(devices) != topo.num_chips or devices[0].device_kind != topo.chip.device_kind:
+    raise RuntimeError(f'libtpu gave {len(devices)} {devices[0].device_kind} devices for {name} '
+                       f'({topo.libtpu_name}), expected {topo.num_chips} {topo.chip.device_kind}.')
+  return devices
+
+
+# --- analysis of a compiled program
+
+COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
+_COLLECTIVE_RE = re.compile(r'=\s*(?P<type>.+?)\s+(?P<op>' + '|'.join(COLLECTIVES) + r')(?P<suffix>-start|-done)?\(')
+_ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\]')
+_ITEM_BITS = {'pred': 8, 'bf16': 16}
+
+
+def _array_bytes(type_text: str) -> int:
+  """Bytes of every array in an HLO result type (a tuple's elements summed); layouts are ignored."""
+  total = 0
+  for dtype, dims in _ARRAY_RE.findall(type_text):
+    bits = _ITEM_BITS.get(dtype) or int(re.sub(r'\D', '', dtype.split('e')[0]) or 8)
+    total += math.prod(int(d) for d in dims.split(',') if d) * bits // 8
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  count: int = 0
+  bytes: int = 0  # per chip: the size of each op's result, summed
+
+
+def parse_collectives(hlo_text: str) -> dict[str, Collective]:
+  """Count and result bytes of each collective kind in compiled HLO text.
+
+  Asynchronous pairs count once, at their '-done' (whose result is the op's output). The count is static: a
+  collective inside a loop body (e.g. gradient accumulation) counts once however often the loop runs.
+  """
+  found = {kind: Collective() for kind in COLLECTIVES}
+  for match in _COLLECTIVE_RE.finditer(hlo_text):
+    if match['suffix'] == '-start':
+      continue
+    old = found[match['op']]
+    found[match['op']] = Collective(old.count + 1, old.bytes + _array_bytes(match['type']))
+  return found
+
+
+def bytes_per_chip(tree) -> int:
+  """Bytes one device holds of a tree of ShapeDtypeStructs (or arrays) placed with shardings."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shard) * jax.numpy.dtype(leaf.dtype).itemsize
+  return total
+
+
+_OOM_RE = re.compile(r'temporaries \(([\d.]+)([KMGT]?)\)')
+_UNITS = {'': 1, 'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+  """What one compiled step needs per chip, and a roofline estimate of its time.
+
+  HBM total = arguments + outputs that do not reuse a donated argument + temporaries + generated code (XLA's
+  buffer assignment, the same accounting as `memory_analysis()`). `flops` and `bytes_accessed` are XLA's cost
+  analysis of the per-chip program; the step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower
+  bound that ignores communication and assumes perfect overlap, and `mfu_bound` the MFU it would allow.
+
+  XLA refuses to compile a TPU program whose buffers exceed HBM: then `compile_error` holds its message, the
+  temporaries are the figure it names, the arguments come from shapes and shardings, and the rest is None.
+  """
+
+  topology: str
+  num_chips: int
+  hbm_capacity: int
+  peak_flops: float
+  hbm_bandwidth: float
+  arguments: dict  # group name -> bytes per chip from shapes and shardings (the last group, 'other', takes the rest)
+  argument_bytes: int  # XLA's, layout padding included (from shapes when the compile failed)
+  output_bytes: int | None  # outputs not aliased to donated arguments
+  temp_bytes: int | None
+  code_bytes: int | None
+  flops: float | None
+  bytes_accessed: float | None
+  collectives: dict | None
+  model_flops: float | None
+  compile_seconds: float
+  compile_error: str | None = None
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + sum(n or 0 for n in (self.output_bytes, self.temp_bytes, self.code_bytes))
+
+  @property
+  def fits(self) -> bool:
+    return self.compile_error is None and self.total_bytes <= self.hbm_capacity
+
+  @property
+  def compute_seconds(self) -> float | None:
+    return None if self.flops is None else self.flops / self.peak_flops
+
+  @property
+  def memory_seconds(self) -> float | None:
+    return None if self.bytes_accessed is None else self.bytes_accessed / self.hbm_bandwidth
+
+  @property
+  def step_seconds(self) -> float | None:
+    return None if self.flops is None else max(self.compute_seconds, self.memory_seconds)
+
+  @property
+  def bound(self) -> str | None:
+    if self.flops is None:
+      return None
+    return 'compute' if self.compute_seconds >= self.memory_seconds else 'HBM bandwidth'
+
+  @property
+  def mfu_bound(self) -> float | None:
+    if self.model_flops is None or self.step_seconds is None:
+      return None
+    return self.model_flops / (self.num_chips * self.peak_flops * self.step_seconds)
+
+  def as_dict(self) -> dict:
+    out = dataclasses.asdict(self)
+    if self.collectives is not None:
+      out['collectives'] = {k: dataclasses.asdict(v) for k, v in self.collectives.items()}
+    out.update(total_bytes=self.total_bytes, fits=self.fits, step_seconds=self.step_seconds, bound=self.bound,
+               mfu_bound=self.mfu_bound)
+    return out
+
+
+def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
+            model_flops: float | None = None) -> Analysis:
+  """Lowers and compiles `jitted(*args)` (ShapeDtypeStructs with shardings on the topology's devices).
+
+  groups: name -> a subtree of `args` whose per-chip bytes to report (e.g. params, optimizer state); whatever
+  the groups leave of the argument bytes is reported as 'other'. Lower under the mesh and rules the function
+  needs (`jax.set_mesh`, `nn.logical_axis_rules`).
+  """
+  topo = get_topology(topology)
+  arguments = {name: bytes_per_chip(tree) for name, tree in (groups or {}).items()}
+  common = dict(topology=topology, num_chips=topo.num_chips, hbm_capacity=topo.chip.hbm_bytes,
+                peak_flops=topo.chip.peak_flops, hbm_bandwidth=topo.chip.hbm_bandwidth, model_flops=model_flops)
+  lowered = jitted.lower(*args)
+  start = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    found = _OOM_RE.search(str(e))
+    if not str(e).startswith('RESOURCE_EXHAUSTED') or not found:
+      raise
+    total = bytes_per_chip(args)
+    return Analysis(
+        **common, arguments=dict(arguments, other=total - sum(arguments.values())), argument_bytes=total,
+        output_bytes=None, temp_bytes=int(float(found[1]) * _UNITS[found[2]]), code_bytes=None, flops=None,
+        bytes_accessed=None, collectives=None, compile_seconds=time.perf_counter() - start,
+        compile_error=str(e).split('\n')[0])
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  arguments['other'] = memory.argument_size_in_bytes - sum(arguments.values())
+  return Analysis(
+      **common, arguments=arguments, argument_bytes=memory.argument_size_in_bytes,
+      output_bytes=memory.output_size_in_bytes - memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
+      code_bytes=memory.generated_code_size_in_bytes, flops=float(cost.get('flops', 0.0)),
+      bytes_accessed=float(cost.get('bytes accessed', 0.0)), collectives=parse_collectives(compiled.as_text()),
+      compile_seconds=seconds)
+
+
+# --- the project's train step on a topology
+
+def mesh_presets(num_chips: int) -> dict[str, dict]:
+  """Data parallel, FSDP and FSDP × tensor meshes for a chip count (tensor 4 from 16 chips, as tpu_v4_32_fsdp_tp)."""
+  tensor = 4 if num_chips >= 16 else 2
+  return {'data': {'data': num_chips, 'fsdp': 1, 'tensor': 1},
+          'fsdp': {'data': 1, 'fsdp': num_chips, 'tensor': 1},
+          'fsdp_tensor': {'data': 1, 'fsdp': num_chips // tensor, 'tensor': tensor}}
+
+
+def set_mesh_shape(config: ml_collections.ConfigDict, shape: dict) -> None:
+  """A single-slice mesh; global batches then come in multiples of the data-parallel size (as configs/presets)."""
+  config.mesh.shape.update(shape)
+  config.mesh.dcn_shape.update({axis: 1 for axis in sharding.MESH_AXES})
+  config.pipeline.batch_multiple = shape['data'] * shape['fsdp']
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  jitted: object
+  args: tuple
+  groups: dict
+  model_flops: float
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  what: str
+
+
+def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
+  """What a run of `config` compiles, with abstract sharded arguments on `devices`: the train step for every
+  batch shape (one per token-budget bucket) with the trainer's own builders (same mesh, rules, shardings and
+  donation), and the eval step for the widest evaluation batch."""
+  mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules_from_config(config.mesh)
+  sharding.check_batches(config, mesh)
+  model, tx, schedule = steps.training_objects(config)
+  init_shape = (sharding.data_parallel_size(mesh), 8)
+  abstract, state_shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, init_shape, mesh,
+                                                                 rules)
+  batch_sharding = sharding.batch_sharding(mesh)
+  abstract_batch = lambda shapes: {k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=batch_sharding)
+                                   for k, v in shapes.items()}
+  sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
+  train_step = steps.jit_train_step(model, tx, schedule, config.train, state_shardings, mesh)
+  groups = {'params': abstract.params, 'optimizer': abstract.opt_state}
+  programs = []
+  for shapes in pipeline.batch_shapes(config.pipeline, sides):
+    rows, length = next(iter(shapes.values()))
+    programs.append(Program(train_step, (abstract, abstract_batch(shapes)), groups,
+                            metrics_lib.train_flops(model.config, rows, length, length), mesh, rules,
+                            f'train step, batch {rows}×{length}'))
+  width = -(-model.config.max_len // 16) * 16  # evaluation pads to multiples of 16 (pipeline.make_eval_batches)
+  eval_shapes = {k: (config.eval.batch_size, width) for k in next(iter(pipeline.batch_shapes(config.pipeline,
+                                                                                               sides)))}
+  eval_step = steps.jit_eval_step(model, config.train.label_smoothing, state_shardings.params, mesh)
+  programs.append(Program(eval_step, (abstract.params, abstract_batch(eval_shapes)), {'params': abstract.params},
+                          metrics_lib.train_flops(model.config, config.eval.batch_size, width, width) / 3, mesh,
+                          rules, f'eval step, batch {config.eval.batch_size}×{width}'))
+  return programs
+
+
+def analyze_program(program: Program, topology: str) -> Analysis:
+  with sharding.activate(program.mesh, program.rules):
+    return analyze(program.jitted, program.args, topology=topology, groups=program.groups,
+                   model_flops=program.model_flops)
+
+
+def analyze_train_step(config: ml_collections.ConfigDict, topology: str) -> Analysis:
+  """The train step of `config` for its longest batch shape (token budget: the most attention memory) compiled
+  for `topology` (the config's mesh must use its chips)."""
+  train_steps = [p for p in run_programs(config, topology_devices(topology)) if p.what.startswith('train')]
+  return analyze_program(train_steps[-1], topology)
+
+
+def compile_run(config: ml_collections.ConfigDict, topology: str) -> list[tuple[str, Analysis]]:
+  """Every program a run of `config` compiles (`run_programs`), compiled for `topology`; for train.py's
+  --compile_only."""
+  return [(program.what, analyze_program(program, topology))
+          for program in run_programs(config, topology_devices(topology))]
+
+
+def advice(analysis: Analysis, config: ml_collections.ConfigDict) -> str | None:
+  """One line naming what to change when the step does not fit; None when it fits.
+
+  Parameters and Adam state taking half the chip or more come first: their gradients and updates (part of the
+  temporaries) scale with them, so sharding them is the fix. Otherwise the temporaries are activations.
+  """
+  if analysis.fits:
+    return None
+  state = analysis.arguments.get('params', 0) + analysis.arguments.get('optimizer', 0)
+  mesh = config.mesh.shape
+  sharded = mesh.get('fsdp', 1) * mesh.get('tensor', 1)
+  need = f'{analysis.total_bytes / GiB:.1f} GiB per chip > {analysis.hbm_capacity / GiB:.0f} GiB'
+  if state >= analysis.hbm_capacity / 2:
+    if sharded == 1:
+      return (f'{need}, {state / GiB:.1f} GiB of it parameters and optimizer state: shard them with FSDP '
+              f'(mesh.shape fsdp={mesh.get("data", 1)}, data=1) instead of replicating them (data parallel).')
+    return (f'{need}, {state / GiB:.1f} GiB of it parameters and optimizer state already sharded {sharded} ways: '
+            'add tensor parallelism (mesh.shape.tensor) for the wide layers, or use a larger slice.')
+  temps = f'{need}, {(analysis.temp_bytes or 0) / GiB:.1f} GiB of it temporaries (activations)'
+  if config.model.remat == 'none':
+    return f'{temps}: set model.remat=full to recompute activations in the backward pass.'
+  budget = 'pipeline.batch_size' if config.pipeline.batching == 'packed' else 'pipeline.tokens_per_batch'
+  return (f'{temps} even with model.remat={config.model.remat}: lower {budget} (with train.grad_accum_steps to '
+          'keep the batch), or add tensor parallelism (mesh.shape.tensor) to split the wide layers.')
+
+
+# --- report
+
+def _gib(n: float) -> str:
+  return f'{n / GiB:.2f}'
+
+
+def summary(analysis: Analysis, config: ml_collections.ConfigDict | None = None) -> str:
+  """A human-readable report of one analysis."""
+  a = analysis
+  parts = [('outputs', a.output_bytes), ('temporaries', a.temp_bytes), ('code', a.code_bytes)]
+  lines = [f'{a.topology}: {a.num_chips} chips, {_gib(a.hbm_capacity)} GiB HBM each; compiled in '
+           f'{a.compile_seconds:.0f}s',
+           'per chip (GiB): ' + ', '.join(f'{k} {_gib(v)}' for k, v in a.arguments.items()) + '; '
+           + ', '.join(f'{k} {_gib(v)}' for k, v in parts if v is not None)
+           + f'; total {_gib(a.total_bytes)} = {100 * a.total_bytes / a.hbm_capacity:.0f}% of HBM: '
+           + ('fits' if a.fits else 'does NOT fit')]
+  if a.compile_error:
+    lines.append(f'XLA: {a.compile_error}')
+  else:
+    lines += ['collectives per step: ' + (', '.join(f'{k} ×{c.count} ({c.bytes / 2**20:.0f} MiB)'
+                                                   for k, c in a.collectives.items() if c.count) or 'none'),
+              f'{a.flops / 1e12:.2f} TFLOP and {a.bytes_accessed / 1e9:.1f} GB accessed per chip: roofline step '
+              f'{1e3 * a.step_seconds:.1f} ms ({a.bound} bound)'
+              + (f', MFU at most {100 * a.mfu_bound:.0f}%' if a.mfu_bound is not None else '')]
+  hint = advice(a, config) if config is not None else None
+  if hint:
+    lines.append('advice: ' + hint)
+  return '\n'.join(lines)
