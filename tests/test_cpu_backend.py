@@ -139,8 +139,12 @@ def test_reused_host_memory_serves_large_blocks_from_the_heap_and_keeps_it(mode)
     assert probe['mmapped_during'] == 1 and probe['heap_during'] < 1 << 26
 
 
-def test_host_memory_auto_follows_jax_platforms(monkeypatch):
+def test_host_memory_auto_follows_jax_platforms_then_the_devices(monkeypatch):
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   assert cpu_backend.will_run_on_cpu()
   monkeypatch.setenv('JAX_PLATFORMS', 'cuda,cpu')
   assert not cpu_backend.will_run_on_cpu()
+  monkeypatch.setattr(cpu_backend.glob, 'glob', lambda pattern: ['/dev/nvidia0'] if 'nvidia' in pattern else [])
+  assert not cpu_backend.will_run_on_cpu(platforms='')  # JAX_PLATFORMS unset on a GPU machine
+  monkeypatch.setattr(cpu_backend.glob, 'glob', lambda pattern: [])
+  assert cpu_backend.will_run_on_cpu(platforms='')  # no accelerator, whatever plugins are installed

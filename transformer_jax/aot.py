@@ -8,6 +8,9 @@ without a GPU ("No visible GPU devices") unless given a GpuTargetConfigProto as 
 would then also need ptxas and libdevice; that path is untried here.
 
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
+
+(~430 lines: the slices, the compile and its reading, the collectives in the HLO and the advice belong to one
+question, whether a run fits, and nothing else imports their parts.)
 """
 
 import dataclasses

@@ -9,7 +9,7 @@ same values as autodiff (tested): projections (`dot_general`, for `nn.DenseGener
 
 import ctypes
 import functools
-import importlib.util
+import glob
 import os
 
 import jax
@@ -163,7 +163,7 @@ cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
-_ACCELERATOR_PLUGINS = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm7_plugin', 'libtpu')
+_ACCELERATOR_DEVICES = ('/dev/nvidia[0-9]*', '/dev/kfd', '/dev/accel[0-9]*', '/dev/vfio/[0-9]*')  # GPUs, TPUs
 
 
 def reuse_host_memory() -> bool:
@@ -183,10 +183,12 @@ def reuse_host_memory() -> bool:
   return bool(mallopt(_M_ARENA_MAX, 1) and mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, never_trim))
 
 
-def will_run_on_cpu() -> bool:
-  """Whether JAX will compute on the CPU, decided before any backend starts (JAX_PLATFORMS, else whether a GPU
-  or TPU plugin is installed): `train.py --host_memory=auto` reuses host memory only then."""
-  platforms = os.environ.get('JAX_PLATFORMS') or jax.config.jax_platforms or ''
+def will_run_on_cpu(platforms: str | None = None) -> bool:
+  """Whether JAX will compute on the CPU, decided before any backend starts (JAX_PLATFORMS, else whether the
+  machine has GPU or TPU device files; an installed plugin without its hardware falls back to the CPU):
+  `train.py --host_memory=auto` reuses host memory only then."""
+  if platforms is None:
+    platforms = os.environ.get('JAX_PLATFORMS') or jax.config.jax_platforms or ''
   if platforms:
     return platforms.split(',')[0].strip() == 'cpu'
-  return not any(importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS)
+  return not any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
