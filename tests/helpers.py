@@ -12,13 +12,16 @@ import os
 import shutil
 import sys
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import flags
 
 from transformer_jax import config as config_lib
 from transformer_jax import sharding, steps
+from transformer_jax.model import Transformer
 from transformer_jax.workdir import Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,6 +181,17 @@ def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, se
       batch[f'{key}_positions'] = np.where(real, positions, 0).astype(np.int32)
     batches.append(batch)
   return batches
+
+
+def perturbed_params(cfg, seed: int, scale: float = 0.1):
+  """Random params of a Transformer of `cfg` (a ModelConfig) with every leaf perturbed by `scale` × N(0, 1), so
+  biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models."""
+  model = Transformer(cfg)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(seed), tokens, tokens)['params'])
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
 def one_device_mesh(config: ml_collections.ConfigDict):

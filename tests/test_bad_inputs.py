@@ -14,6 +14,7 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
+from transformer_jax import ensemble
 from transformer_jax import files
 from transformer_jax import inference
 from transformer_jax import sweep
@@ -186,8 +187,8 @@ def test_learned_positions_decode_within_the_table_and_never_nan():
   max_decode_len = cfg.decode_length(inputs.shape[1], max_len_offset=50)
   assert max_decode_len == 12  # input + 50, capped at the 12 positions the table has
   for method in ('beam', 'greedy'):
-    tokens, scores = inference.generate(params, inputs, jax.random.key(0), model=model, method=method,
-                                        max_decode_len=max_decode_len)
+    tokens, scores = inference.generate((ensemble.Member(model, params),), inputs, jax.random.key(0),
+                                        method=method, max_decode_len=max_decode_len)
     assert tokens.shape[-1] == 12 and np.all(np.isfinite(np.asarray(scores)))
   encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
   assert np.all(np.isfinite(np.asarray(encoded)))
@@ -231,6 +232,11 @@ def _run(args, stdin=None, **env):
      'CFG/train.source does not exist: fix data config key files.train.source'),
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
+    (['eval.py', f'--workdir={LEGACY}', f'--workdir={LEGACY}', '--step=2', '--step=4'],
+     'repeat --workdir (an ensemble of runs) or --step (an ensemble of steps of one run), not both.'),
+    (['eval.py', f'--workdir={LEGACY}', f'--workdir={LEGACY}', '--save_averaged'], '--save_averaged saves one run'),
+    (['eval.py', f'--workdir={LEGACY}', '--compare_samples=10'], 'pass --compare_to too.'),
+    (['eval.py', f'--workdir={LEGACY}', '--compare_to=CFG/nope.txt'], 'no such file: CFG/nope.txt'),
     (['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--beam_size=0'],
      'flag --beam_size=0: 0 is not a positive integer'),
     (['-m', 'transformer_jax.attention_plots', '--workdir=W', '--sentence=Hi'], 'workdir W does not exist'),

@@ -6,9 +6,7 @@ import subprocess
 import sys
 
 import ctranslate2
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -71,8 +69,8 @@ def _test_sources(config, count=SENTENCES) -> list[str]:
 def _our_greedy(restored, inputs: np.ndarray, max_decode_len: int) -> list[list[int]]:
   with restored.on_mesh():
     batch = jax.make_array_from_process_local_data(sharding.batch_sharding(restored.mesh), inputs)
-    tokens, _ = inference.generate(restored.params, batch, jax.random.key(0), model=restored.model,
-                                    method='greedy', max_decode_len=max_decode_len)
+    tokens, _ = inference.generate(restored.members, batch, jax.random.key(0), method='greedy',
+                                    max_decode_len=max_decode_len)
   return [_ids_until_eos(row) for row in np.asarray(tokens)[:, 0]]
 
 
@@ -95,16 +93,6 @@ def test_float32_export_decodes_greedily_as_we_do_token_for_token(trained, tmp_p
   theirs = _ct2_greedy(tmp_path / 'ct2', sp, lines, max_decode_len)
   assert len({tuple(ids) for ids in ours}) >= SENTENCES // 4  # not one output for every sentence
   assert theirs == ours
-
-
-def _variant_params(cfg: ModelConfig, seed: int):
-  """Random params of `cfg` with every leaf perturbed, so biases and LayerNorm parameters are not 0 and 1."""
-  model = Transformer(cfg)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(seed), tokens, tokens)['params'])
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  return jax.tree.unflatten(tree, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
 def _our_log_probs(cfg, params, sources_ids, target_ids) -> list[np.ndarray]:
@@ -132,7 +120,7 @@ def test_exported_model_scores_targets_as_ours_does(trained, tmp_path, variant):
   sp = spm.SentencePieceProcessor(model_file=spm_path)
   cfg = ModelConfig(vocab_size=VOCAB, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                     num_decoder_layers=2, max_len=32, **VARIANTS[variant])
-  params = _variant_params(cfg, seed=len(variant))
+  params = helpers.perturbed_params(cfg, seed=len(variant))
   split = sources.load_split(config.data, 'test')
   pairs = [(sp.encode(s), sp.encode(t)) for s, t in (split[i] for i in range(40))]
   pairs = [(s, t) for s, t in pairs if max(len(s), len(t)) < cfg.max_len][:8]  # learned positions: max_len
@@ -206,7 +194,7 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
   base = dict(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
               max_len=32)
   # Only the last case gets as far as reading params: the others must refuse before looking at them.
-  params = _variant_params(ModelConfig(**base), seed=0) if change.get('norm') else {}
+  params = helpers.perturbed_params(ModelConfig(**base), seed=0) if change.get('norm') else {}
   with pytest.raises(ValueError, match=message) as error:
     export.export_ctranslate2(ModelConfig(**{**base, **change}), params, spm_path, out, quantization=quantization)
   assert '\n' not in str(error.value)

@@ -1,4 +1,5 @@
-"""Inference: restore (or average) params onto any mesh, and translate with beam search, greedy or sampling.
+"""Inference: restore (or average) params onto any mesh, one model or an ensemble, and translate with beam search,
+greedy or sampling.
 
 Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate` and by
 `transformer_jax.attention_plots`. Never imports the training loop.
@@ -17,6 +18,7 @@ from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
 from transformer_jax import decoding
+from transformer_jax import ensemble
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
@@ -48,19 +50,56 @@ def validate(decode: ml_collections.ConfigDict) -> None:
 
 @dataclasses.dataclass
 class Restored:
-  """What inference needs: the model, its params (sharded on `mesh`), the tokenizer, and their provenance."""
+  """What inference needs: one model or an ensemble (members sharded on `mesh`), the tokenizer they share, and
+  where each member's params come from."""
 
-  config: ml_collections.ConfigDict
-  model: Transformer
-  params: dict
+  config: ml_collections.ConfigDict  # the first member's run: its decode, eval and data settings serve them all
+  members: tuple[ensemble.Member, ...]
+  origins: tuple[dict, ...]  # per member {'workdir', 'steps'}: the checkpoint step(s) of its params (averaged)
   tokenizer: tokenizer_lib.Tokenizer
   mesh: jax.sharding.Mesh
   rules: tuple
-  steps: list[int]  # the checkpoint step(s) the params come from (several when averaged)
 
   def on_mesh(self):
     """Traces and runs under this mesh with the logical-axis rules, as training does."""
     return sharding.activate(self.mesh, self.rules)
+
+  @property
+  def is_ensemble(self) -> bool:
+    return len(self.members) > 1
+
+  def _single(self) -> int:
+    if self.is_ensemble:
+      raise ValueError(f'this takes one model, not an ensemble of {len(self.members)}: pass one --workdir and at '
+                       'most one --step.')
+    return 0
+
+  @property
+  def model(self) -> Transformer:
+    return self.members[self._single()].model
+
+  @property
+  def params(self) -> dict:
+    return self.members[self._single()].params
+
+  @property
+  def steps(self) -> list[int]:
+    return self.origins[self._single()]['steps']
+
+  @property
+  def max_len(self) -> int:
+    """The longest input every member accepts (`model.max_len`)."""
+    return min(m.model.config.max_len for m in self.members)
+
+  @property
+  def position_limit(self) -> int | None:
+    """The most tokens every member's positions cover (`ModelConfig.position_limit`; None: no limit)."""
+    limits = [m.model.config.position_limit for m in self.members if m.model.config.position_limit is not None]
+    return min(limits, default=None)
+
+  def decode_length(self, input_length: int, max_len_offset: int) -> int:
+    """Output tokens allowed for an input of `input_length` tokens by every member (`ModelConfig.decode_length`)."""
+    return min(m.model.config.decode_length(input_length, max_len_offset) for m in self.members)
 
 
 def inference_mesh(config) -> jax.sharding.Mesh:
@@ -81,30 +120,55 @@ def abstract_params(model: Transformer, mesh, rules):
 def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,
             mesh=None) -> Restored:
   """Params of the latest (or given) step, or the average of the last `average_last` checkpoints."""
-  run_dir = Workdir(workdir)
-  tok = tokenizer_lib.load_tokenizer(run_dir.tokenizer_model)
-  tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
-  model = Transformer(ModelConfig.from_dict(config.model))
-  mesh = mesh or inference_mesh(config)
-  rules = sharding.rules_from_config(config.mesh)
-  manager = checkpoint.open_existing(run_dir.checkpoints)
+  return restore_ensemble([(config, workdir, step)], average_last=average_last, mesh=mesh)
+
+
+def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Restored:
+  """An ensemble on one inference mesh (the first run's): for each (config, workdir, step) of `runs` the params of
+  that step, of the newest checkpoint that restores (step None) or the average of the newest `average_last`.
+
+  The members may differ in size but must share the tokenizer (byte-identical SentencePiece models, whose size is
+  every member's vocab_size). One run is one model.
+  """
+  first_config, first_workdir, _ = runs[0]
+  tok = tokenizer_lib.load_tokenizer(Workdir(first_workdir).tokenizer_model)
+  mesh = mesh or inference_mesh(first_config)
+  rules = sharding.rules_from_config(first_config.mesh)
+  members, origins = [], []
+  for config, workdir, step in runs:
+    _check_same_tokenizer(tok, Workdir(workdir).tokenizer_model)
+    tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
+    model = Transformer(ModelConfig.from_dict(config.model))
+    params, chosen = _restore_params(model, workdir, step, average_last, mesh, rules)
+    logging.info('restored params of steps %s of %s', chosen, workdir)
+    members.append(ensemble.Member(model, params))
+    origins.append({'workdir': workdir, 'steps': chosen})
+  return Restored(first_config, tuple(members), tuple(origins), tok, mesh, rules)
+
+
+def _check_same_tokenizer(tok: tokenizer_lib.Tokenizer, path: str) -> None:
+  if tokenizer_lib.load_tokenizer(path).model_proto != tok.model_proto:
+    raise ValueError(f'{path} and {tok.path} are different SentencePiece models: ensemble only runs trained with '
+                     'the same tokenizer (copy one run\'s tokenizer/spm.model into a new workdir before training it).')
+
+
+def _restore_params(model: Transformer, workdir: str, step, average_last, mesh, rules):
+  """(params on `mesh`, the steps they come from) of one run; see `restore_ensemble`."""
+  directory = Workdir(workdir).checkpoints
+  manager = checkpoint.open_existing(directory)
   target = abstract_params(model, mesh, rules)
   try:
     if average_last:
-      params, chosen = checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), target,
-                                                 count=average_last)
-    elif step is None:
+      return checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), target,
+                                       count=average_last)
+    if step is None:
       latest, params, _ = checkpoint.restore_newest(manager, lambda s: checkpoint.restore_params(manager, s, target))
-      chosen = [latest]
-    else:
-      if step not in manager.all_steps():
-        raise ValueError(f'no checkpoint of step {step} in {run_dir.checkpoints}; '
-                         f'available steps: {sorted(manager.all_steps())}.')
-      params, chosen = checkpoint.restore_params(manager, step, target), [step]
+      return params, [latest]
+    if step not in manager.all_steps():
+      raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: {sorted(manager.all_steps())}.')
+    return checkpoint.restore_params(manager, step, target), [step]
   finally:
     manager.close()
-  logging.info('restored params of steps %s', chosen)
-  return Restored(config, model, params, tok, mesh, rules, chosen)
 
 
 def save_averaged(restored: Restored, workdir: str) -> str:
@@ -118,11 +182,12 @@ def save_averaged(restored: Restored, workdir: str) -> str:
   return f'{directory}/{restored.steps[-1]}'
 
 
-def _cached_logits_fn(model: Transformer, params, encoded, inputs, max_decode_len):
+def _cached_logits_fn(model: Transformer, params, inputs, max_decode_len):
   """Next-token logits from the model's key/value cache: one decoder position per step.
 
   The source tokens ride in the cache, so beam search reorders them with the beams.
   """
+  encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
   _, variables = model.apply({'params': params}, encoded, inputs, max_decode_len, method=Transformer.init_cache,
                              mutable=['cache'])
 
@@ -134,7 +199,7 @@ def _cached_logits_fn(model: Transformer, params, encoded, inputs, max_decode_le
   return logits_fn, {'model': variables['cache'], 'inputs': inputs}
 
 
-def _uncached_logits_fn(model: Transformer, params, encoded, inputs, max_decode_len):
+def _uncached_logits_fn(model: Transformer, params, inputs, max_decode_len):
   """Next-token logits recomputed from the whole prefix every step (the reference the cache must match)."""
 
   def logits_fn(tokens, cache):
@@ -144,22 +209,25 @@ def _uncached_logits_fn(model: Transformer, params, encoded, inputs, max_decode_
     step_logits = jax.lax.dynamic_index_in_dim(logits, index, axis=1, keepdims=False)
     return step_logits, dict(cache, prefix=prefix, index=index + 1)
 
+  encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
   prefix = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
   return logits_fn, {'prefix': prefix, 'index': jnp.zeros((), jnp.int32), 'encoded': encoded, 'inputs': inputs}
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'method', 'beam_size', 'alpha', 'max_decode_len', 'n_best',
+@functools.partial(jax.jit, static_argnames=('method', 'beam_size', 'alpha', 'max_decode_len', 'n_best',
                                              'temperature', 'top_k', 'top_p', 'use_cache'))
-def generate(params, inputs, rng, *, model: Transformer, method: str = 'beam', beam_size: int = 4,
+def generate(members: tuple[ensemble.Member, ...], inputs, rng, *, method: str = 'beam', beam_size: int = 4,
              alpha: float = 0.6, max_decode_len: int = 64, n_best: int = 1, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, use_cache: bool = True):
-  """Token ids [batch, n_best, max_decode_len] (PAD after EOS) and scores, by beam search, greedy or sampling.
+  """Token ids [batch, n_best, max_decode_len] (PAD after EOS) and scores, by beam search, greedy or sampling
+  with one model (one member) or an ensemble: each member with its own encoder output and key/value cache, their
+  log-probabilities combined per step by `ensemble.logits_fn`, all in one jitted program.
 
   use_cache=False recomputes the decoder over the whole prefix at every step (for tests and benchmarks).
   """
-  encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
   make_fn = _cached_logits_fn if use_cache else _uncached_logits_fn
-  logits_fn, cache = make_fn(model, params, encoded, inputs, max_decode_len)
+  member_fns, caches = zip(*(make_fn(m.model, m.params, inputs, max_decode_len) for m in members))
+  logits_fn, cache = ensemble.logits_fn(member_fns), tuple(caches)
   batch = inputs.shape[0]
   if method == 'beam':
     return decoding.beam_search(logits_fn, cache, batch, beam_size=beam_size, alpha=alpha,
@@ -179,10 +247,9 @@ def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'be
   batch_sharding = sharding.batch_sharding(restored.mesh)
   for batch in batches:
     inputs = jax.make_array_from_process_local_data(batch_sharding, batch['inputs'])
-    tokens, _ = generate(restored.params, inputs, jax.random.key(0), model=restored.model, method=method,
+    tokens, _ = generate(restored.members, inputs, jax.random.key(0), method=method,
                          beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha,
-                         max_decode_len=restored.model.config.decode_length(batch['inputs'].shape[1],
-                                                                            decode_cfg.max_len_offset))
+                         max_decode_len=restored.decode_length(batch['inputs'].shape[1], decode_cfg.max_len_offset))
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))[:, 0]
     indices = np.asarray(multihost_utils.process_allgather(batch['example_index'], tiled=True))
     for index, ids in zip(indices, tokens):
@@ -193,7 +260,7 @@ def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'be
 def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   """Detokenized translations of every pair's source, in order."""
   batches = pipeline.make_eval_batches(pairs, restored.tokenizer, decode_cfg.batch_size,
-                                       max_length=restored.model.config.position_limit,
+                                       max_length=restored.position_limit,
                                        process_index=jax.process_index(), process_count=jax.process_count())
   out = [''] * len(pairs)
   with restored.on_mesh():
@@ -217,20 +284,32 @@ def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
   return encoded
 
 
+def translate_nonblank(lines: list[str], translate) -> list[str]:
+  """`translate(lines)` of the non-blank lines, put back in order; empty (or blank) lines give empty outputs (as in
+  every translation engine)."""
+  keep = [i for i, line in enumerate(lines) if line.strip()]
+  out = [''] * len(lines)
+  for i, text in zip(keep, translate([lines[i] for i in keep]), strict=True):
+    out[i] = text
+  return out
+
+
 def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam_size=None,
                     batch_size=32, truncate=False) -> list[str]:
   """Translations of `lines` in order; empty (or blank) lines give empty outputs."""
-  config = restored.config
-  keep = [i for i, line in enumerate(lines) if line.strip()]
-  encoded = encode_lines([lines[i] for i in keep], restored.tokenizer, config.model.max_len, truncate)
-  decode_cfg = config.decode.copy_and_resolve_references()
+  decode_cfg = restored.config.decode.copy_and_resolve_references()
   decode_cfg.beam_size = beam_size or decode_cfg.beam_size
   rows = -(-batch_size // sharding.data_parallel_size(restored.mesh)) * sharding.data_parallel_size(restored.mesh)
-  examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
-  batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
-                                    process_count=jax.process_count())
-  out = [''] * len(lines)
-  with restored.on_mesh():
-    for i, ids in translate_batches(restored, batches, decode_cfg, method):
-      out[keep[i]] = restored.tokenizer.decode(ids)
-  return out
+
+  def translate(kept: list[str]) -> list[str]:
+    encoded = encode_lines(kept, restored.tokenizer, restored.max_len, truncate)
+    examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
+    batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+    out = [''] * len(kept)
+    with restored.on_mesh():
+      for i, ids in translate_batches(restored, batches, decode_cfg, method):
+        out[i] = restored.tokenizer.decode(ids)
+    return out
+
+  return translate_nonblank(lines, translate)

@@ -1,5 +1,6 @@
-"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations, results files and the
-printed report. Used by training (in-run validation, the final report) and by `eval.py`."""
+"""Scoring and reports: teacher-forced loss over a split, BLEU and chrF of its translations (of one model or an
+ensemble), a paired test against a baseline, results files and the printed report. Used by training (in-run
+validation, the final report) and by `eval.py`."""
 
 import json
 import os
@@ -14,6 +15,7 @@ from transformer_jax import inference
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import scores
 from transformer_jax import sharding
+from transformer_jax import significance
 from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
@@ -37,10 +39,11 @@ def validate(eval_config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'eval.{key} must be >= {low}, got {eval_config[key]}.')
 
 
-def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
+def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
                    max_length: int | None = None) -> dict:
-  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split;
-  sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
+  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
+  `eval_fn` (`steps.jit_eval_step`) of `members` (one model or an ensemble); sentences longer than `max_length`
+  (`ModelConfig.position_limit`) are cut to it."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count(), max_length=max_length)
@@ -48,22 +51,24 @@ def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batch
     if max_batches is not None and i >= max_batches:
       break
     batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
-    sums = jax.device_get(eval_fn(params, batch))
+    sums = jax.device_get(eval_fn(members, batch))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
   return metrics_lib.normalize(totals)
 
 
 def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair, with restored params."""
-  shardings = jax.tree.map(lambda x: x.sharding, restored.params)
-  eval_fn = steps.jit_eval_step(restored.model, restored.config.train.label_smoothing, shardings, restored.mesh)
+  """`teacher_forced` over every pair, with the restored model or ensemble."""
+  shardings = jax.tree.map(lambda x: x.sharding, restored.members)
+  eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
-    return teacher_forced(restored.params, eval_fn, pairs, restored.tokenizer, restored.mesh,
-                          restored.config.eval.batch_size, max_length=restored.model.config.position_limit)
+    return teacher_forced(restored.members, eval_fn, pairs, restored.tokenizer, restored.mesh,
+                          restored.config.eval.batch_size, max_length=restored.position_limit)
 
 
-def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]) -> dict[str, str]:
-  """Writes {'src'|'hyp'|'ref': lines} one sentence per line (UTF-8), to inspect or re-score with other tools."""
+def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]],
+                       tag: str | None = None) -> dict[str, str]:
+  """Writes {'src'|'hyp'|'ref': lines} one sentence per line (UTF-8), to inspect or re-score with other tools;
+  `tag` as in `Workdir.translation_file`."""
   lengths = {kind: len(lines) for kind, lines in texts.items()}
   if len(set(lengths.values())) != 1:
     raise ValueError(f'sources, hypotheses and references differ in length: {lengths}')
@@ -71,24 +76,29 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
   for kind, lines in texts.items():
     if any('\n' in line or '\r' in line for line in lines):
       raise ValueError(f'a {kind} sentence contains a line break, which would misalign the files')
-    paths[kind] = run_dir.translation_file(split, kind)
+    paths[kind] = run_dir.translation_file(split, kind, tag)
     os.makedirs(os.path.dirname(paths[kind]), exist_ok=True)
     with open(paths[kind], 'w', encoding='utf-8') as f:
       f.write(''.join(line + '\n' for line in lines))
   return paths
 
 
-def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> dict:
-  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split.
+def evaluate_split(restored: inference.Restored, workdir: str, split: str,
+                   compare_to: significance.Comparison | None = None) -> dict:
+  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split of the
+  restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison').
 
-  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
+  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, an ensemble's
+  under names tagged 'ensemble' with its members (workdir and steps of each) in the results.
   """
   config, run_dir = restored.config, Workdir(workdir)
   for key in ('eval.batch_size', 'decode.batch_size'):
     section, name = key.split('.')
     sharding.check_batch_divisible(config[section][name], restored.mesh, key)
   pairs = sources.load_split(config.data, split)
-  limit = restored.model.config.position_limit
+  if compare_to:
+    compare_to.check(len(pairs))  # before anything is decoded
+  limit = restored.position_limit
   cut = pipeline.count_over(pairs, restored.tokenizer, limit)
   if cut:
     logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
@@ -99,14 +109,20 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   references = [tgt for _, tgt in pairs]
   lang = config.data.target_lang
   tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
-  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
-             **scores.corpus_scores(hypotheses, references), 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
-             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.params))),
+  if restored.is_ensemble:
+    tag, provenance = 'ensemble', {'ensemble': list(restored.origins)}
+  else:
+    tag, provenance = None, {'step': restored.steps[-1], 'averaged_steps': restored.steps}
+  results = {**provenance, 'split': split, **scores.corpus_scores(hypotheses, references),
+             'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
+             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.members))),
              'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
+  if compare_to:
+    results['comparison'] = compare_to.run(hypotheses, references)
   if jax.process_index() == 0:
     results['translations'] = write_translations(
-        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references})
-    with open(run_dir.results_file(split, config.eval.test_split), 'w', encoding='utf-8') as f:
+        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, tag)
+    with open(run_dir.results_file(split, config.eval.test_split, tag), 'w', encoding='utf-8') as f:
       json.dump(results, f, indent=2)
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
@@ -115,15 +131,20 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
 def describe(results: dict, num_samples: int) -> str:
   """A short human-readable report of `evaluate_split`'s results."""
   split = results['split']
+  if 'ensemble' in results:
+    provenance = 'ensemble of ' + ', '.join(f'{m["workdir"]} step(s) {m["steps"]}' for m in results['ensemble'])
+  else:
+    provenance = f'params of step(s) {results["averaged_steps"]}'
   lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
            f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
            f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
            f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
            f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
-           f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; '
-           f'params of step(s) {results["averaged_steps"]}']
+           f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; {provenance}']
   for src, hyp, ref in results['samples'][:num_samples]:
     lines += [f'  source:    {src}', f'  output:    {hyp}', f'  reference: {ref}']
+  if 'comparison' in results:
+    lines.append(significance.describe(results['comparison']))
   return '\n'.join(lines)
 
 

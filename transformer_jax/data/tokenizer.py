@@ -42,6 +42,7 @@ class Tokenizer:
 
   def __init__(self, model_proto: bytes, path: str = '<memory>'):
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto  # the serialized model: two tokenizers are the same when these bytes are
     self.path = path
     self.vocab_size = self._sp.vocab_size()
     self.model_type = _MODEL_TYPE_NAMES.get(_trainer_spec(model_proto).model_type, 'other')
