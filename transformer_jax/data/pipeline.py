@@ -349,6 +349,11 @@ def count_over(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, max_lengt
              for i in range(len(pairs)))
 
 
+def padded_length(longest: int, length_multiple: int = 16) -> int:
+  """The width `batch_examples` pads a batch to whose longest example has `longest` tokens."""
+  return -(-longest // length_multiple) * length_multiple
+
+
 def batch_examples(examples: Iterable[Example], batch_size: int, *, process_index: int = 0,
                    process_count: int = 1, length_multiple: int = 16) -> Iterator[dict[str, np.ndarray]]:
   """In-order batches of already encoded examples, laid out as `make_eval_batches` describes."""
@@ -359,7 +364,7 @@ def batch_examples(examples: Iterable[Example], batch_size: int, *, process_inde
   iterator, start = iter(examples), 0
   while chunk := list(itertools.islice(iterator, batch_size)):
     longest = max(max(len(e['inputs']), len(e['targets'])) for e in chunk)
-    batch = pad_batch(chunk, batch_size, -(-longest // length_multiple) * length_multiple)
+    batch = pad_batch(chunk, batch_size, padded_length(longest, length_multiple))
     batch['example_index'] = np.full(batch_size, -1, np.int32)
     batch['example_index'][:len(chunk)] = np.arange(start, start + len(chunk))
     start += len(chunk)

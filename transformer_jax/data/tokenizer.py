@@ -68,6 +68,10 @@ class Tokenizer:
     """The vocabulary piece of one id (e.g. for labelling attention maps)."""
     return self._sp.id_to_piece(int(token_id))
 
+  def piece_to_id(self, piece: str) -> int:
+    """The id of one vocabulary piece (e.g. of another engine's output)."""
+    return self._sp.piece_to_id(piece)
+
 
 def _trainer_spec(model_proto: bytes):
   proto = sentencepiece_model_pb2.ModelProto()
