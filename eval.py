@@ -50,8 +50,7 @@ def main(argv):
     compare_to = significance.Comparison(_COMPARE_TO.value, _COMPARE_METHOD.value, _COMPARE_SAMPLES.value,
                                          _COMPARE_SEED.value)
   distributed.initialize_from_flags()
-  from transformer_jax import inference, reporting, scoring  # pylint: disable=import-outside-toplevel
-  reporting.quiet_library_logs()
+  from transformer_jax import inference, scoring  # pylint: disable=import-outside-toplevel
   overrides = cli.overrides()
   workdir = runs[0][0]
   split = _SPLIT.value or overrides.get('eval.test_split') or config_lib.of_run(workdir).eval.test_split

@@ -28,8 +28,7 @@ def main(argv):
     reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
     reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
     distributed.initialize_from_flags()
-    from transformer_jax import config, reporting, scoring, trainer  # pylint: disable=import-outside-toplevel
-    reporting.quiet_library_logs()
+    from transformer_jax import config, scoring, trainer  # pylint: disable=import-outside-toplevel
     config.validate(_CONFIG.value)
     logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop)

@@ -21,12 +21,13 @@ from absl import flags
 
 from transformer_jax import config as config_lib
 from transformer_jax import sharding, steps
-from transformer_jax.model import Transformer
+from transformer_jax.model import init_inputs, make_model
 from transformer_jax.workdir import Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 DEFAULT_CONFIG = os.path.join(REPO, 'configs', 'default.py')
+LM_CONFIG = os.path.join(REPO, 'configs', 'lm_default.py')
 VOCAB = 200
 
 # Overrides that turn configs/default.py into a run of a few seconds (also passed to train.py).
@@ -62,6 +63,10 @@ TINY = {
     'decode.beam_size': 1,
     'decode.max_len_offset': 4,
 }
+
+# Overrides that make TINY the decoder-only language model (documents: the built-in corpus's English side).
+LM = {'model__architecture': 'decoder_only', 'model__num_encoder_layers': 0}
+ARCHITECTURES = {'encoder_decoder': {}, 'decoder_only': LM}
 
 # Step-level tests share these settings (and batch shapes), so they share compiled programs via the cache.
 DROPOUT_STEP = {'model__dropout': 0.1, 'train__warmup_steps': 2, 'train__learning_rate_scale': 4.0}
@@ -103,9 +108,8 @@ def flag_args(**overrides) -> list[str]:
   return args
 
 
-def train_command(workdir: str, *extra: str, **overrides) -> list[str]:
-  return [sys.executable, TRAIN_PY, f'--config={DEFAULT_CONFIG}', f'--workdir={workdir}',
-          *flag_args(**overrides), *extra]
+def train_command(workdir: str, *extra: str, config: str = DEFAULT_CONFIG, **overrides) -> list[str]:
+  return [sys.executable, TRAIN_PY, f'--config={config}', f'--workdir={workdir}', *flag_args(**overrides), *extra]
 
 
 def subprocess_env(device_count: int = 8) -> dict:
@@ -166,13 +170,15 @@ def tree_digest(directory: str) -> dict[str, str]:
   return digest
 
 
-def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, seed: int = 0) -> list[dict]:
-  """Random unpacked batches in the pipeline's layout: tokens in [4, vocab), a random pad tail per row."""
+def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, seed: int = 0,
+                      sides=('inputs', 'targets')) -> list[dict]:
+  """Random unpacked batches in the pipeline's layout: tokens in [4, vocab), a random pad tail per row; a
+  language model's batches have only the 'targets' side."""
   rng = np.random.default_rng(seed)
   batches = []
   for _ in range(count):
     batch = {}
-    for key in ('inputs', 'targets'):
+    for key in sides:
       lengths = rng.integers(length // 2, length + 1, size=rows)
       positions = np.arange(length)[None, :]
       real = positions < lengths[:, None]
@@ -184,11 +190,9 @@ def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, se
 
 
 def perturbed_params(cfg, seed: int, scale: float = 0.1):
-  """Random params of a Transformer of `cfg` (a ModelConfig) with every leaf perturbed by `scale` × N(0, 1), so
+  """Random params of the model of `cfg` (a ModelConfig) with every leaf perturbed by `scale` × N(0, 1), so
   biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models."""
-  model = Transformer(cfg)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(seed), tokens, tokens)['params'])
+  params = nn.unbox(make_model(cfg).init(jax.random.key(seed), **init_inputs(cfg, (1, 4)))['params'])
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
   return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
@@ -227,3 +231,39 @@ def _set_absl_flags_parsed(parsed: bool):
     flags.FLAGS.mark_as_parsed()
   else:
     flags.FLAGS.unparse_flags()
+
+
+def tokens(seed, shape, lengths=None, vocab=40):
+  """Random token ids in [4, vocab), [batch, length]; row i is padding (0) from lengths[i] on."""
+  rng = np.random.default_rng(seed)
+  x = rng.integers(4, vocab, size=shape).astype(np.int32)
+  if lengths is not None:
+    x[np.arange(shape[1])[None] >= np.array(lengths)[:, None]] = 0
+  return jnp.asarray(x)
+
+
+class JitModel:
+  """The model of a ModelConfig with `apply` jitted: tests then compile once instead of dispatching op by op."""
+
+  def __init__(self, cfg):
+    self.module = make_model(cfg)
+    self.apply = jax.jit(self.module.apply, static_argnames=('method', 'mutable', 'deterministic', 'decode'))
+
+
+def init_model(cfg, **inputs):
+  """(JitModel, unboxed params) of a ModelConfig, initialised on `inputs` (the model's keyword arguments)."""
+  model = JitModel(cfg)
+  params = nn.unbox(jax.jit(model.module.init)(jax.random.key(0), **inputs)['params'])
+  return model, params
+
+
+def model_variants(base) -> dict:
+  """The decoder options every model test runs over, applied to a ModelConfig: norm and positions, untied
+  embeddings, the three attention implementations, scanned layers."""
+  return {
+      'post_sinusoidal': base,
+      'pre_learned_unshared': base.replace(norm='pre', positional='learned', share_embeddings=False),
+      'chunked': base.replace(attention='chunked', attention_chunk_size=4),
+      'dot_product': base.replace(attention='dot_product'),
+      'scanned': base.replace(scan_layers=True),
+  }

@@ -1,6 +1,7 @@
-"""Checkpoints and restarts with the real loop on a tiny model: saves every N steps and keeps the last K;
-a checkpoint holds params, optimizer state, step, rng and the input iterator's position; a rerun in the
-same workdir resumes and repeats the uninterrupted run step for step (dropout on); SIGTERM saves and
+"""Checkpoints and restarts with the real loop on a tiny model (the translator and the language model): saves
+every N steps and keeps the last K; a checkpoint holds params, optimizer state, step, rng and the input
+iterator's position; a rerun in the same workdir resumes and repeats the uninterrupted run step for step
+(dropout on); SIGTERM saves and
 exits 0; kill -9 during an async save leaves a restorable checkpoint; a checkpoint of another model shape
 is an error that lists the shapes and changes nothing."""
 
@@ -19,33 +20,39 @@ import helpers
 from transformer_jax import checkpoint, sharding, steps, trainer
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
 
 NUM_STEPS, STOP_AT = 8, 5
 SAVE_EVERY, KEEP = 2, 2
 
 
-def _config(**overrides):
+def _config(architecture='encoder_decoder', **overrides):
   # Dropout on (the default config's 0.1): exact resume also shows the dropout masks repeat.
   return helpers.tiny_config(**{'train__num_steps': NUM_STEPS, 'train__checkpoint_every': SAVE_EVERY,
-                                'train__keep_checkpoints': KEEP, **overrides})
+                                'train__keep_checkpoints': KEEP, **helpers.ARCHITECTURES[architecture], **overrides})
 
 
-@pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
-  result = trainer.train_and_evaluate(_config(), workdir)
-  return workdir, result
+@pytest.fixture(scope='module', params=list(helpers.ARCHITECTURES))
+def uninterrupted(request, tmp_path_factory):
+  """(workdir, result, architecture) of an uninterrupted run of each architecture."""
+  workdir = str(tmp_path_factory.mktemp(f'uninterrupted_{request.param}'))
+  result = trainer.train_and_evaluate(_config(request.param), workdir)
+  return workdir, result, request.param
+
+
+translator_only = pytest.mark.parametrize('uninterrupted', ['encoder_decoder'], indirect=True)
 
 
 @pytest.fixture(scope='module')
 def resumed(tmp_path_factory, uninterrupted):
   """The same run stopped at STOP_AT (its last step: a forced save), then rerun to NUM_STEPS."""
-  workdir = helpers.prepare_workdir(str(tmp_path_factory.mktemp('resumed')), uninterrupted[0])
-  first = trainer.train_and_evaluate(_config(train__num_steps=STOP_AT), workdir)
+  architecture = uninterrupted[2]
+  workdir = helpers.prepare_workdir(str(tmp_path_factory.mktemp(f'resumed_{architecture}')), uninterrupted[0])
+  first = trainer.train_and_evaluate(_config(architecture, train__num_steps=STOP_AT), workdir)
   assert first['metrics']['step'] == STOP_AT
   saved_after_first = helpers.checkpoint_steps(workdir)
-  second = trainer.train_and_evaluate(_config(), workdir)
+  second = trainer.train_and_evaluate(_config(architecture), workdir)
   return workdir, saved_after_first, second
 
 
@@ -74,14 +81,14 @@ def _abstract_state(config):
 
 
 def _fresh_iterator(config, workdir):
-  pairs = sources.load_split(config.data, 'train')
+  pairs = sources.load(config.data, 'train', ModelConfig.from_dict(config.model).decoder_only)
   tok = tokenizer_lib.load_tokenizer(Workdir(workdir).tokenizer_model)
   return iter(pipeline.make_train_dataset(pairs, tok, config.pipeline))
 
 
 def test_checkpoint_cadence_and_contents(uninterrupted):
-  workdir, result = uninterrupted
-  config = _config()
+  workdir, result, architecture = uninterrupted
+  config = _config(architecture)
   assert helpers.checkpoint_steps(workdir) == [6, 8]  # saved at 2, 4, 6, 8; the last KEEP kept
   for step in (6, 8):
     step_dir = os.path.join(Workdir(workdir).checkpoints, str(step))
@@ -116,6 +123,7 @@ def test_checkpoint_cadence_and_contents(uninterrupted):
     np.testing.assert_array_equal(got[key], expected[key])
 
 
+@translator_only
 def test_checkpoint_of_another_model_shape_is_refused(uninterrupted):
   workdir = uninterrupted[0]
   before = helpers.tree_digest(Workdir(workdir).checkpoints)
@@ -173,6 +181,7 @@ def _start(workdir, **overrides):
 
 
 @pytest.mark.slow
+@translator_only
 def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   workdir = helpers.prepare_workdir(str(tmp_path / 'preempted'), uninterrupted[0])
   # Many steps, no periodic checkpoint: only the preemption save can write one.
@@ -201,6 +210,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
 
 
 @pytest.mark.slow
+@translator_only
 def test_kill_9_during_async_saves_leaves_a_restorable_checkpoint(tmp_path, uninterrupted):
   workdir = helpers.prepare_workdir(str(tmp_path / 'killed'), uninterrupted[0])
   # A save every step (async): a kill -9 almost always lands while one is being written.

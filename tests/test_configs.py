@@ -215,7 +215,7 @@ def test_validate_rejects_unknown_mesh_axes():
      'error: train.warmup_steps=100000 > train.num_steps=200'),
     (['--config=configs/wmt14_ende_base.py:runlocal', '--config.mesh.shape.model=2'],
      "a --config.* override names no key of the config: 'model'"),
-    (['--config=configs/wmt14_ende_base.py:A_h99'], "ValueError: unknown config argument(s) ['A_h99']"),
+    (['--config=configs/wmt14_ende_base.py:A_h99'], "unknown config argument(s) ['A_h99']"),
     (['--config=configs/wsj_parsing.py'], 'data.files.train.source and .target (or .tsv)'),
 ])
 @pytest.mark.slow

@@ -75,7 +75,8 @@ def _before_pad(row) -> int:
 def test_an_ensemble_of_one_decodes_as_the_model_alone():
   member = _member(SMALL, seed=0)
   inputs = _inputs()
-  logits_fn, cache = inference._cached_logits_fn(member.model, member.params, inputs, MAX_DECODE_LEN)  # pylint: disable=protected-access
+  start = inference._start(member.model, member.params, inputs)
+  logits_fn, cache = inference._cached_logits_fn(member.model, member.params, start, MAX_DECODE_LEN)
   alone_tokens, alone_scores = decoding.beam_search(logits_fn, cache, inputs.shape[0], beam_size=4, alpha=ALPHA,
                                                     max_decode_len=MAX_DECODE_LEN)
   tokens, scores = _decode([member], 'beam')

@@ -1,4 +1,5 @@
-"""Evaluation and decoding with a trained (tiny) model: restore anywhere, averaging, beam search, BLEU, translate."""
+"""Evaluation and decoding with a trained (tiny) model: restore anywhere (the language model too), averaging, beam
+search, BLEU, translate."""
 
 import json
 import os
@@ -45,8 +46,9 @@ def _host(tree):
   return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
 
 
-def test_restore_onto_one_device_and_eight(trained):
-  config, workdir = trained
+@pytest.mark.parametrize('run', ['trained', 'trained_lm'])
+def test_restore_onto_one_device_and_eight(run, request):
+  config, workdir = request.getfixturevalue(run)
   on_eight = inference.restore(config, workdir)
   on_one = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
   assert on_eight.steps == on_one.steps == [30]
@@ -55,8 +57,9 @@ def test_restore_onto_one_device_and_eight(trained):
     np.testing.assert_array_equal(a, b)
 
 
-def test_checkpoint_from_one_device_restores_on_eight_fsdp(trained, tmp_path):
-  config, workdir = trained
+@pytest.mark.parametrize('run', ['trained', 'trained_lm'])
+def test_checkpoint_from_one_device_restores_on_eight_fsdp(run, request, tmp_path):
+  config, workdir = request.getfixturevalue(run)
   one_mesh = sharding.make_mesh(_data_only(config), jax.devices()[:1])
   restored = inference.restore(config, workdir, mesh=one_mesh)
   other = str(tmp_path / 'copy')
@@ -95,8 +98,8 @@ def test_averaging(trained, tmp_path):
   for step in (1, 2, 3):
     checkpoint.save(manager, step, {'params': restored.params}, force=True)
   manager.wait_until_finished()
-  mean, steps = checkpoint.average_params(manager, [1, 2, 3], inference.abstract_params(restored.model, restored.mesh,
-                                                                                          restored.rules))
+  target = inference.abstract_params(restored.model, restored.mesh, restored.rules)
+  mean, steps = checkpoint.average_params(manager, [1, 2, 3], lambda s: checkpoint.restore_params(manager, s, target))
   assert steps == [1, 2, 3]
   for a, b in zip(jax.tree.leaves(_host(mean)), jax.tree.leaves(_host(restored.params))):
     np.testing.assert_array_equal(a, b)

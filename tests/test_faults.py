@@ -171,7 +171,8 @@ def test_more_signals_during_the_preemption_save_do_not_lose_it(tmp_path, uninte
 
 def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, train__num_steps=4)
+  # A test split of 512 sentences: the final report decodes 32 batches, long enough to be caught in it.
+  run = _Run(workdir, train__num_steps=4, data__builtin_eval_size=512)
   run.wait_for('step 4/')
   run.wait_for('restored params of steps')  # the final report has begun
   run.process.send_signal(signal.SIGTERM)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from configs import table3
 from transformer_jax.model import Transformer, shift_right, sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
@@ -17,26 +18,11 @@ TINY = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_
                    dropout=0.0, max_len=64)
 
 
-def _tokens(seed, shape, lengths=None, vocab=40):
-  rng = np.random.default_rng(seed)
-  x = rng.integers(4, vocab, size=shape).astype(np.int32)
-  if lengths is not None:
-    x[np.arange(shape[1])[None] >= np.array(lengths)[:, None]] = 0
-  return jnp.asarray(x)
-
-
-class _JitModel:
-  """A Transformer whose `apply` is jitted: tests then compile once instead of dispatching op by op."""
-
-  def __init__(self, cfg):
-    self.module = Transformer(cfg)
-    self.apply = jax.jit(self.module.apply, static_argnames=('method', 'mutable', 'deterministic', 'decode'))
+_tokens = helpers.tokens
 
 
 def _init(cfg, inputs, targets):
-  model = _JitModel(cfg)
-  params = nn.unbox(jax.jit(model.module.init)(jax.random.key(0), inputs, targets)['params'])
-  return model, params
+  return helpers.init_model(cfg, inputs=inputs, targets=targets)
 
 
 def test_shapes_and_dtypes():
@@ -78,12 +64,7 @@ def test_sinusoidal_encoding_matches_formula():
   np.testing.assert_allclose(pe[0, 0], np.tile([0.0, 1.0], 4), atol=1e-7)
 
 
-VARIANT_CONFIGS = {
-    'post_sinusoidal': TINY,
-    'pre_learned_unshared': TINY.replace(norm='pre', positional='learned', share_embeddings=False),
-    'chunked': TINY.replace(attention='chunked', attention_chunk_size=4),
-    'dot_product': TINY.replace(attention='dot_product'),
-}
+VARIANT_CONFIGS = helpers.model_variants(TINY)
 
 
 @pytest.mark.parametrize('name', list(VARIANT_CONFIGS))
@@ -158,7 +139,7 @@ def test_changing_one_segment_leaves_the_other_alone():
   assert np.max(np.abs(np.asarray(a[0, 4:10] - b[0, 4:10]))) > 1e-4
 
 
-@pytest.mark.parametrize('name', ['post_sinusoidal', 'pre_learned_unshared', 'chunked'])
+@pytest.mark.parametrize('name', ['post_sinusoidal', 'pre_learned_unshared', 'chunked', 'scanned'])
 def test_cached_decoding_equals_full_pass(name):
   cfg = VARIANT_CONFIGS[name]
   inputs, targets = _tokens(0, (3, 6), [6, 4, 2]), _tokens(1, (3, 7))

@@ -1,6 +1,7 @@
 """Parallelism is a config change that does not change the math: on 8 simulated CPU devices, data parallel,
-FSDP, data × tensor and FSDP × tensor parallel train step for step like one device (dropout on); FSDP
-stores 1/8 of the parameters per device; meshes and batches that do not fit are clear errors."""
+FSDP, data × tensor and FSDP × tensor parallel train step for step like one device (dropout on), for the
+translator and for the language model (with its layers scanned: stacked parameters shard like the others);
+FSDP stores 1/8 of the parameters per device; meshes and batches that do not fit are clear errors."""
 
 import flax.linen as nn
 import jax
@@ -21,13 +22,18 @@ MESHES = {
 }
 
 
-@pytest.fixture(scope='module')
-def setup():
+MODELS = {'translator': ({}, ('inputs', 'targets')),
+          'lm_scanned': ({**helpers.LM, 'model__scan_layers': True}, ('targets',))}
+
+
+@pytest.fixture(scope='module', params=list(MODELS))
+def setup(request):
   # Dropout on (0.1): step s uses fold_in(rng, s) on the global arrays, so the masks do not depend on the
   # sharding either. The paper schedule with a short warmup makes the updates large enough to matter.
-  config = helpers.tiny_config(**helpers.DROPOUT_STEP)
+  overrides, sides = MODELS[request.param]
+  config = helpers.tiny_config(**helpers.DROPOUT_STEP, **overrides)
   model, tx, schedule = helpers.train_objects(config)
-  batches = helpers.synthetic_batches(NUM_STEPS, ROWS, LENGTH, seed=1)
+  batches = helpers.synthetic_batches(NUM_STEPS, ROWS, LENGTH, seed=1, sides=sides)
   return config, model, tx, schedule, batches
 
 

@@ -124,7 +124,7 @@ def test_reads_a_plain_hypotheses_file(tmp_path):
 
 def test_reads_the_hypotheses_a_results_json_names(tmp_path):
   paths = scoring.write_translations(Workdir(str(tmp_path)), 'test', {'src': ['a', 'b'], 'hyp': ['A', 'B'],
-                                                                     'ref': ['a', 'b']})
+                                                                      'ref': ['a', 'b']})
   results = tmp_path / 'results.json'
   results.write_text(json.dumps({'bleu': 1.0, 'translations': {k: str(v) for k, v in paths.items()}}))
   assert read_hypotheses(results, 2) == ['A', 'B']

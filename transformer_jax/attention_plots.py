@@ -21,6 +21,7 @@ from absl import flags  # noqa: E402
 from transformer_jax import cli  # noqa: E402
 from transformer_jax import config as config_lib  # noqa: E402
 from transformer_jax import inference  # noqa: E402
+from transformer_jax import layer_layout  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
 KINDS = {'encoder': ('encoder', 'self_attention'), 'decoder': ('decoder', 'self_attention'),
@@ -32,7 +33,7 @@ def attention_maps(restored: inference.Restored, source_ids: list[int], target_i
   inputs = jnp.asarray([source_ids], jnp.int32)
   targets = jnp.asarray([target_ids], jnp.int32)
   _, variables = restored.model.apply({'params': restored.params}, inputs, targets, mutable=['intermediates'])
-  inter = variables['intermediates']
+  inter = layer_layout.convert(variables['intermediates'], scan_layers=False)  # layer_i even when scanned
   cfg = restored.model.config
   maps = {}
   for kind, (stack, module) in KINDS.items():

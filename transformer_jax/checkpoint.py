@@ -23,6 +23,8 @@ from transformer_jax.errors import one_line
 
 STATE, DATA = 'state', 'data'
 DAMAGED_SUFFIX = '.damaged'
+# What orbax, tensorstore and json raise for a step whose files are truncated or whose metadata is damaged.
+_DAMAGE = (ValueError, OSError, KeyError)
 
 
 class CheckpointMismatchError(ValueError):
@@ -110,20 +112,25 @@ def _restore_args(abstract_tree):
       if getattr(x, 'sharding', None) is not None else ocp.RestoreArgs(restore_type=np.ndarray), abstract_tree)
 
 
+def saved_params(manager: ocp.CheckpointManager, step: int):
+  """The metadata (shapes, dtypes) of a step's params, as a tree like the params."""
+  saved = manager.item_metadata(step)[STATE]
+  return getattr(saved, 'tree', saved)['params']
+
+
 def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params) -> None:
   """Raises, listing every mismatch, when the checkpoint's params differ in shape from the config's model."""
-  saved = manager.item_metadata(step)[STATE]
-  saved = getattr(saved, 'tree', saved)['params']
+  saved = saved_params(manager, step)
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted = {jax.tree_util.keystr(p): tuple(x.shape)
             for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
   problems = [f'{k}: checkpoint {saved_shapes.get(k, "missing")} vs config {wanted.get(k, "missing")}'
               for k in sorted(set(saved_shapes) | set(wanted)) if saved_shapes.get(k) != wanted.get(k)]
   if problems:
-    raise CheckpointMismatchError(f'the checkpoint at step {step} in {manager.directory} was written by a model of other shapes '
-                     f'than the config ({len(problems)} differences): ' + '; '.join(problems[:12])
-                     + ('; …' if len(problems) > 12 else '') + '. Use the config it was trained with or another '
-                     'workdir.')
+    raise CheckpointMismatchError(
+        f'the checkpoint at step {step} in {manager.directory} was written by a model of other shapes than the '
+        f'config ({len(problems)} differences): ' + '; '.join(problems[:12]) + ('; …' if len(problems) > 12 else '')
+        + '. Use the config it was trained with or another workdir.')
 
 
 def restore_state(manager: ocp.CheckpointManager, step: int, abstract_state: dict, data_iterator=None) -> dict:
@@ -145,10 +152,10 @@ def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params):
   return manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]['params']
 
 
-def average_params(manager: ocp.CheckpointManager, steps, abstract_params, count: int | None = None):
-  """(mean, averaged steps): the element-wise mean of the params of the first `count` of `steps` (all of them by
-  default) that restore (§6.1 checkpoint averaging). A damaged step is named in a warning and skipped, so
-  `steps` newest first averages the newest `count` that restore.
+def average_params(manager: ocp.CheckpointManager, steps, restore_step, count: int | None = None):
+  """(mean, averaged steps): the element-wise mean of the params `restore_step(step)` gives for the first `count`
+  of `steps` (all of them by default) that restore (§6.1 checkpoint averaging). A damaged step is named in a
+  warning and skipped, so `steps` newest first averages the newest `count` that restore.
 
   A running mean in float32, m += (x - m) / k, so averaging identical checkpoints returns them bit for bit.
   """
@@ -159,21 +166,22 @@ def average_params(manager: ocp.CheckpointManager, steps, abstract_params, count
     if len(used) == count:
       break
     try:
-      params = restore_params(manager, step, abstract_params)
+      params = restore_step(step)
     except CheckpointMismatchError:
       raise
-    except Exception as e:  # pylint: disable=broad-except  # a damaged step: as in restore_newest
+    except _DAMAGE as e:  # a damaged step: as in restore_newest
       logging.warning('checkpoint step %d in %s does not restore (%s): averaging without it', step,
                       manager.directory, one_line(e))
       continue
     used.append(step)
+    dtypes = jax.tree.map(lambda x: x.dtype, params)
     params = jax.tree.map(lambda x: x.astype(np.float32), params)
     mean = params if mean is None else jax.tree.map(lambda m, x, k=len(used): m + (x - m) / k, mean, params)
   if len(used) < count:
     raise ValueError(f'asked to average {count} checkpoints but only {len(used)} of {manager.directory} restore '
                      f'(steps {sorted(used)} of {sorted(steps)}); lower --average_last or keep more '
                      '(train.keep_checkpoints).')
-  return jax.tree.map(lambda m, ref: m.astype(ref.dtype), mean, abstract_params), sorted(used)
+  return jax.tree.map(lambda m, dtype: m.astype(dtype), mean, dtypes), sorted(used)
 
 
 def restore_newest(manager: ocp.CheckpointManager, restore_step, steps=None):
@@ -186,7 +194,7 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step, steps=None):
       result = restore_step(step)
     except CheckpointMismatchError:
       raise
-    except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and json each raise their own
+    except _DAMAGE as e:
       logging.warning('checkpoint step %d in %s does not restore (%s): trying the one before', step,
                       manager.directory, one_line(e))
       broken.append(step)

@@ -4,6 +4,7 @@
 naming what to change (exit status 1); the traceback goes to the log only with --verbosity=1 (for bug reports).
 """
 
+import logging as py_logging
 import sys
 import traceback
 
@@ -101,10 +102,26 @@ def _flag_error(error: BaseException) -> str:
   return one_line(error)
 
 
+class _QuietLibraries(py_logging.Filter):
+  """orbax and grain: drops their per-save INFO chatter and, unless --verbosity=1, the tracebacks of their errors
+  (the error itself stays; the run reports it in one line of its own)."""
+
+  def filter(self, record):
+    if not any(part in record.pathname for part in ('/orbax/', '/grain/')):
+      return True
+    if record.levelno < py_logging.WARNING:
+      return False
+    if record.exc_info and not logging.level_debug():
+      record.exc_info, record.exc_text = None, None
+    return True
+
+
 def run(main):
-  """`app.run(main)` with one-line flag errors, and USER_ERRORS from `main` as one line on stderr."""
+  """`app.run(main)` with one-line flag errors, orbax/grain logs kept short, and USER_ERRORS from `main` as one
+  line on stderr."""
 
   def guarded(argv):
+    logging.get_absl_handler().addFilter(_QuietLibraries())
     try:
       return main(argv)
     except USER_ERRORS as e:

@@ -36,9 +36,9 @@ from transformer_jax.errors import one_line
 from transformer_jax.workdir import Workdir
 
 # What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
-# runtime choices (same parameters, other computation). Everything else is fixed by the training run.
+# runtime choices (same parameters, other computation or layer layout). Everything else is fixed by the training run.
 EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
-                   'model.cpu_kernels')
+                   'model.cpu_kernels', 'model.scan_layers')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -69,7 +69,7 @@ def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | 
   model = model_config.ModelConfig.from_dict(config.model)
   if data_splits is None:
     data_splits = ('train', config.eval.split, config.eval.test_split)
-  sources.validate(config.data, data_splits)
+  sources.validate(config.data, data_splits, documents=model.decoder_only)  # a language model reads documents
   tokenizer.validate(config.tokenizer)
   pipeline.validate(config.pipeline)
   sharding.validate(config.mesh, model)
@@ -90,12 +90,13 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   module = files.load_python(path, 'get_config', 'config file')
   takes_argument = bool(inspect.signature(module.get_config).parameters)
   if arg and not takes_argument:
-    raise ValueError(f'{path}: get_config() takes no argument, but --config={spec} passes {arg!r}.')
+    raise ValueError(f'{path}: get_config() takes no argument, but {spec} passes {arg!r}.')
   try:
     config = module.get_config(arg or None) if takes_argument else module.get_config()
+  except ValueError:  # the file's own check of its argument or values, worded for the user
+    raise
   except Exception as e:  # pylint: disable=broad-except  # the file's own code failed
-    raise ValueError(f'--config={spec}: {one_line(e)}' if isinstance(e, ValueError)
-                     else f'--config={spec}: get_config() failed: {type(e).__name__}: {one_line(e)}') from None
+    raise ValueError(f'{path}: get_config() failed: {type(e).__name__}: {one_line(e)}') from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise ValueError(f'{path}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict '
                      '(a missing return statement?).')

@@ -2,8 +2,9 @@
 
 Every function drives a `logits_fn(tokens [rows, 1], cache) -> (logits [rows, vocab], cache)`
 inside one `jax.lax.while_loop`, so the whole decode jits with `logits_fn` closed over.
-The first input token of every row is BOS_ID. Outputs are int32 token ids; the EOS that ends a
-sequence is kept and every position after it is PAD_ID.
+The first input token of every row is BOS_ID, or the row's `first_tokens` entry (a language model
+continuing a prompt starts from the prompt's last token). Outputs are int32 token ids; the EOS that
+ends a sequence is kept and every position after it is PAD_ID.
 
 The cache is any pytree. Every leaf with ndim >= 1 is per-row: its leading dimension is the number
 of rows logits_fn is called with, and decoding reorders it when beams are reordered. Leaves with
@@ -50,10 +51,21 @@ def _check_lengths(batch_size: int, max_decode_len: int) -> None:
     raise ValueError(f"need batch_size >= 1 and max_decode_len >= 1, got {batch_size}, {max_decode_len}")
 
 
-def _previous_tokens(seqs: jax.Array, step: jax.Array) -> jax.Array:
-  """The decoder input at `step`: BOS_ID at step 0, else the token generated at step - 1."""
+def _first_tokens(first_tokens, batch_size: int) -> jax.Array:
+  """Each row's first input, [batch]: BOS_ID unless given."""
+  if first_tokens is None:
+    return jnp.full((batch_size,), BOS_ID, jnp.int32)
+  first_tokens = jnp.asarray(first_tokens, jnp.int32)
+  if first_tokens.shape != (batch_size,):
+    raise ValueError(f"first_tokens has shape {first_tokens.shape}; it needs one token per row, ({batch_size},)")
+  return first_tokens
+
+
+def _previous_tokens(seqs: jax.Array, step: jax.Array, first_tokens: jax.Array) -> jax.Array:
+  """The decoder input at `step`: first_tokens (broadcast to seqs' rows) at step 0, else the token
+  generated at step - 1."""
   last = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(step - 1, 0), axis=-1, keepdims=False)
-  return jnp.where(step == 0, BOS_ID, last)
+  return jnp.where(step == 0, first_tokens, last)
 
 
 def _log_probs(logits_fn: LogitsFn, tokens: jax.Array, cache: PyTree) -> tuple[jax.Array, PyTree]:
@@ -98,7 +110,7 @@ def _top_by_score(scores: jax.Array, seqs: jax.Array, k: int) -> tuple[jax.Array
   return top_scores, _take(seqs, idx)
 
 
-def _beam_step(state: _BeamState, logits_fn: LogitsFn, alpha, eos_id) -> _BeamState:
+def _beam_step(state: _BeamState, logits_fn: LogitsFn, alpha, eos_id, first_tokens) -> _BeamState:
   """Expands every live beam by every token and keeps the best live and finished hypotheses.
 
   As in fairseq, an EOS expansion finishes a hypothesis only if it ranks within the top
@@ -106,7 +118,7 @@ def _beam_step(state: _BeamState, logits_fn: LogitsFn, alpha, eos_id) -> _BeamSt
   """
   batch_size, beam_size, _ = state.live_seqs.shape
   n_best = state.finished_scores.shape[1]
-  prev = _previous_tokens(state.live_seqs, state.step).reshape(-1)
+  prev = _previous_tokens(state.live_seqs, state.step, first_tokens[:, None]).reshape(-1)
   log_probs, cache = _log_probs(logits_fn, prev, state.cache)
   vocab = log_probs.shape[-1]
   expansions = state.live_logprobs[..., None] + log_probs.reshape(batch_size, beam_size, vocab)
@@ -170,6 +182,7 @@ def beam_search(
   eos_id: int = EOS_ID,
   n_best: int = 1,
   early_stopping: bool = True,
+  first_tokens: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty; returns tokens [batch, n_best, max_decode_len]
   and scores [batch, n_best] (log_prob / lp(length incl. EOS)), best first.
@@ -180,11 +193,13 @@ def beam_search(
   Slots scored -inf are empty (fewer distinct hypotheses exist than n_best). Stops early once no
   live beam can change the n best; early_stopping=False runs all max_decode_len steps (for
   checking that this changes nothing). alpha must be >= 0 for the early stop to be exact.
+  first_tokens: [batch] each row's first input (default BOS_ID), shared by its beams.
   """
   _check_lengths(batch_size, max_decode_len)
   if not 1 <= n_best <= beam_size:
     raise ValueError(f"need 1 <= n_best <= beam_size, got n_best={n_best}, beam_size={beam_size}")
   _check_cache(cache, batch_size)
+  first_tokens = _first_tokens(first_tokens, batch_size)
   first_beam_only = jnp.where(jnp.arange(beam_size) == 0, 0.0, -jnp.inf)  # all beams start equal
   init = _BeamState(
     step=jnp.array(0, jnp.int32),
@@ -199,7 +214,7 @@ def beam_search(
     running = state.step < max_decode_len
     return running & _beam_can_improve(state, alpha, max_decode_len) if early_stopping else running
 
-  final = jax.lax.while_loop(cond, lambda state: _beam_step(state, logits_fn, alpha, eos_id), init)
+  final = jax.lax.while_loop(cond, lambda state: _beam_step(state, logits_fn, alpha, eos_id, first_tokens), init)
   return _beam_results(final, alpha)
 
 
@@ -221,14 +236,17 @@ def _decode_token_by_token(
   max_decode_len: int,
   eos_id,
   choose: Callable[[jax.Array, jax.Array], jax.Array],
+  first_tokens: jax.Array | None,
 ) -> jax.Array:
   """Appends choose(log_probs [batch, vocab], step) -> tokens [batch] to every unfinished row
   until all rows produced EOS or max_decode_len tokens; returns tokens [batch, max_decode_len]."""
   _check_lengths(batch_size, max_decode_len)
   _check_cache(cache, batch_size)
+  first_tokens = _first_tokens(first_tokens, batch_size)
 
   def body(state):
-    log_probs, cache = _log_probs(logits_fn, _previous_tokens(state.seqs, state.step), state.cache)
+    tokens = _previous_tokens(state.seqs, state.step, first_tokens)
+    log_probs, cache = _log_probs(logits_fn, tokens, state.cache)
     tokens = jnp.where(state.done, PAD_ID, choose(log_probs, state.step).astype(jnp.int32))
     return _SampleState(
       step=state.step + 1,
@@ -248,11 +266,20 @@ def _decode_token_by_token(
 
 
 def greedy_search(
-  logits_fn: LogitsFn, cache: PyTree, batch_size: int, *, max_decode_len: int, eos_id: int = EOS_ID
+  logits_fn: LogitsFn,
+  cache: PyTree,
+  batch_size: int,
+  *,
+  max_decode_len: int,
+  eos_id: int = EOS_ID,
+  first_tokens: jax.Array | None = None,
 ) -> jax.Array:
-  """Picks the most likely next token at every step; returns tokens [batch, max_decode_len]."""
+  """Picks the most likely next token at every step; returns tokens [batch, max_decode_len].
+
+  first_tokens: [batch] each row's first input (default BOS_ID).
+  """
   choose = lambda log_probs, step: jnp.argmax(log_probs, axis=-1)
-  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose)
+  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose, first_tokens)
 
 
 def filter_logits(logits: jax.Array, temperature=1.0, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
@@ -285,14 +312,16 @@ def sample(
   top_k: int = 0,
   top_p: float = 1.0,
   eos_id: int = EOS_ID,
+  first_tokens: jax.Array | None = None,
 ) -> jax.Array:
   """Samples each next token from softmax(filter_logits(logits)); returns tokens [batch, max_decode_len].
 
-  temperature > 0 (it may be traced); top_k (0 = off) and top_p (1.0 = off) as in filter_logits.
+  temperature > 0 (it may be traced); top_k (0 = off) and top_p (1.0 = off) as in filter_logits;
+  first_tokens: [batch] each row's first input (default BOS_ID).
   """
 
   def choose(log_probs, step):
     filtered = filter_logits(log_probs, temperature, top_k, top_p)
     return jax.random.categorical(jax.random.fold_in(rng, step), filtered, axis=-1)
 
-  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose)
+  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose, first_tokens)

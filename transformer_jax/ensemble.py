@@ -8,19 +8,19 @@ and for identical members it equals the single model exactly ((a + a) / 2 = a in
 
 from typing import Sequence
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from transformer_jax import decoding
-from transformer_jax.model import Transformer
 
 
 @flax.struct.dataclass
 class Member:
   """One model of an ensemble: the module (static: part of a compiled program's identity) and its params."""
 
-  model: Transformer = flax.struct.field(pytree_node=False)
+  model: nn.Module = flax.struct.field(pytree_node=False)  # a Transformer or a LanguageModel
   params: dict
 
 

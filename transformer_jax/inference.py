@@ -1,12 +1,13 @@
-"""Inference: restore (or average) params onto any mesh, one model or an ensemble, and translate with beam search,
-greedy or sampling.
+"""Inference: restore (or average) params onto any mesh, one model or an ensemble, translate with beam search,
+greedy or sampling, and continue prompts with a language model.
 
-Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate` and by
-`transformer_jax.attention_plots`. Never imports the training loop.
+Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate`,
+`transformer_jax.generate` and `transformer_jax.attention_plots`. Never imports the training loop.
 """
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -19,33 +20,42 @@ from jax.experimental import multihost_utils
 from transformer_jax import checkpoint
 from transformer_jax import decoding
 from transformer_jax import ensemble
+from transformer_jax import layer_layout
+from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.model import Transformer
+from transformer_jax.model import LanguageModel, Transformer
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import EOS_ID
+from transformer_jax.tokens import BOS_ID, EOS_ID
 from transformer_jax.workdir import Workdir
 
 METHODS = ('beam', 'greedy', 'sample')
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The `decode` section: the paper's beam search (§6.1)."""
+  """The `decode` section: the paper's beam search (§6.1); sampling settings of a language model's samples."""
   return ml_collections.ConfigDict({
       'beam_size': 4,
       'alpha': 0.6,  # length penalty ((5 + length) / 6) ** alpha
       'max_len_offset': 50,  # max output length = input length + this (§6.1)
       'batch_size': 64,  # sentences decoded at once (global)
+      'max_new_tokens': 40,  # decoder-only: tokens generated after a prompt
+      'temperature': 1.0,  # decoder-only sampling; 0 = greedy
+      'top_k': 0,  # decoder-only sampling from the k most likely tokens (0 = all)
+      'top_p': 1.0,  # decoder-only nucleus sampling (1.0 = off)
   })
 
 
 def validate(decode: ml_collections.ConfigDict) -> None:
-  for key, low in (('beam_size', 1), ('max_len_offset', 0), ('batch_size', 1)):
+  for key, low in (('beam_size', 1), ('max_len_offset', 0), ('batch_size', 1), ('max_new_tokens', 1),
+                   ('temperature', 0), ('top_k', 0)):
     if decode[key] < low:
       raise ValueError(f'decode.{key} must be >= {low}, got {decode[key]}.')
   if decode.alpha < 0:
     raise ValueError(f'decode.alpha must be >= 0 (beam search stops early only then), got {decode.alpha}.')
+  if not 0.0 < decode.top_p <= 1.0:
+    raise ValueError(f'decode.top_p must be in (0, 1] (1.0 = off), got {decode.top_p}.')
 
 
 @dataclasses.dataclass
@@ -75,7 +85,7 @@ class Restored:
     return 0
 
   @property
-  def model(self) -> Transformer:
+  def model(self) -> Transformer | LanguageModel:
     return self.members[self._single()].model
 
   @property
@@ -88,7 +98,7 @@ class Restored:
 
   @property
   def max_len(self) -> int:
-    """The longest input every member accepts (`model.max_len`)."""
+    """The longest sequence every member accepts (`model.max_len`)."""
     return min(m.model.config.max_len for m in self.members)
 
   @property
@@ -109,10 +119,10 @@ def inference_mesh(config) -> jax.sharding.Mesh:
   return sharding.make_mesh(mesh_cfg)
 
 
-def abstract_params(model: Transformer, mesh, rules):
+def abstract_params(model: Transformer | LanguageModel, mesh, rules):
   """Params' shapes with their NamedShardings on `mesh`, without allocating anything."""
-  tokens = jnp.ones((1, 2), jnp.int32)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, tokens)['params'])
+  inputs = model_lib.init_inputs(model.config, (1, 2))
+  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs)['params'])
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings)
 
@@ -127,8 +137,9 @@ def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Res
   """An ensemble on one inference mesh (the first run's): for each (config, workdir, step) of `runs` the params of
   that step, of the newest checkpoint that restores (step None) or the average of the newest `average_last`.
 
-  The members may differ in size but must share the tokenizer (byte-identical SentencePiece models, whose size is
-  every member's vocab_size). One run is one model.
+  The members may differ in size but not in architecture, and must share the tokenizer (byte-identical
+  SentencePiece models, whose size is every member's vocab_size). One run is one model. A checkpoint written with
+  the other `model.scan_layers` layout is restored in its own and converted.
   """
   first_config, first_workdir, _ = runs[0]
   tok = tokenizer_lib.load_tokenizer(Workdir(first_workdir).tokenizer_model)
@@ -138,7 +149,10 @@ def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Res
   for config, workdir, step in runs:
     _check_same_tokenizer(tok, Workdir(workdir).tokenizer_model)
     tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
-    model = Transformer(ModelConfig.from_dict(config.model))
+    model = model_lib.make_model(ModelConfig.from_dict(config.model))
+    if members and model.config.decoder_only != members[0].model.config.decoder_only:
+      raise ValueError(f'{workdir} holds a {model.config.architecture} model and {first_workdir} a '
+                       f'{members[0].model.config.architecture} one: an ensemble\'s members share the architecture.')
     params, chosen = _restore_params(model, workdir, step, average_last, mesh, rules)
     logging.info('restored params of steps %s of %s', chosen, workdir)
     members.append(ensemble.Member(model, params))
@@ -152,21 +166,31 @@ def _check_same_tokenizer(tok: tokenizer_lib.Tokenizer, path: str) -> None:
                      'the same tokenizer (copy one run\'s tokenizer/spm.model into a new workdir before training it).')
 
 
-def _restore_params(model: Transformer, workdir: str, step, average_last, mesh, rules):
-  """(params on `mesh`, the steps they come from) of one run; see `restore_ensemble`."""
+def _restore_params(model, workdir: str, step, average_last, mesh, rules):
+  """(params on `mesh` in `model`'s layer layout, the steps they come from) of one run; see `restore_ensemble`."""
   directory = Workdir(workdir).checkpoints
   manager = checkpoint.open_existing(directory)
   target = abstract_params(model, mesh, rules)
+
+  def restore_step(step_: int):
+    """A step's params in this model's layer layout, whichever layout (scanned or not) the run saved."""
+    saved_scanned = layer_layout.is_scanned(checkpoint.saved_params(manager, step_))
+    if saved_scanned == model.config.scan_layers:
+      return checkpoint.restore_params(manager, step_, target)
+    saved_model = model_lib.make_model(model.config.replace(scan_layers=saved_scanned))
+    params = checkpoint.restore_params(manager, step_, abstract_params(saved_model, mesh, rules))
+    return layer_layout.convert_onto(params, target, model.config.scan_layers)
+
   try:
     if average_last:
-      return checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), target,
+      return checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), restore_step,
                                        count=average_last)
     if step is None:
-      latest, params, _ = checkpoint.restore_newest(manager, lambda s: checkpoint.restore_params(manager, s, target))
+      latest, params, _ = checkpoint.restore_newest(manager, restore_step)
       return params, [latest]
     if step not in manager.all_steps():
       raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: {sorted(manager.all_steps())}.')
-    return checkpoint.restore_params(manager, step, target), [step]
+    return restore_step(step), [step]
   finally:
     manager.close()
 
@@ -182,36 +206,72 @@ def save_averaged(restored: Restored, workdir: str) -> str:
   return f'{directory}/{restored.steps[-1]}'
 
 
-def _cached_logits_fn(model: Transformer, params, inputs, max_decode_len):
-  """Next-token logits from the model's key/value cache: one decoder position per step.
+class _Start(NamedTuple):
+  """Where decoding starts, for either architecture (per-row arrays: beam search reorders them)."""
 
-  The source tokens ride in the cache, so beam search reorders them with the beams.
-  """
-  encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
-  _, variables = model.apply({'params': params}, encoded, inputs, max_decode_len, method=Transformer.init_cache,
-                             mutable=['cache'])
+  context: dict  # the decoder's encoder-side arguments: encoded source and its ids; none for a language model
+  prefix: jax.Array  # [batch, P] decoder inputs before the first step: a prompt as the model reads it; P = 0
+  first_tokens: jax.Array  # [batch] the first step's input: BOS, or a prompt's last token
+  positions: jax.Array  # [batch] the first step's position in each row's decoder input
+
+
+def _start(model, params, inputs) -> _Start:
+  """Translation starts from BOS at position 0 after the encoded source. A language model reads a prompt of L
+  tokens as BOS, p_1..p_L: the prefix BOS, p_1..p_{L-1} (right-padded, `shift_right` of the prompt) goes
+  through the cache at once, and the first step feeds p_L (BOS for an empty prompt) at position L."""
+  batch = inputs.shape[0]
+  if not model.config.decoder_only:
+    encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
+    return _Start({'encoded': encoded, 'inputs': inputs}, jnp.zeros((batch, 0), jnp.int32),
+                  jnp.full((batch,), BOS_ID, jnp.int32), jnp.zeros((batch,), jnp.int32))
+  lengths = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)
+  last = jnp.take_along_axis(inputs, jnp.maximum(lengths - 1, 0)[:, None], axis=1)[:, 0]
+  return _Start({}, model_lib.shift_right(inputs), jnp.where(lengths > 0, last, BOS_ID), lengths)
+
+
+def _decoder_args(cache: dict) -> dict:
+  """The decoder's encoder-side keyword arguments as the cache carries them (none for a language model)."""
+  return {key: cache[key] for key in ('encoded', 'inputs') if key in cache}
+
+
+def _cached_logits_fn(model, params, start: _Start, max_decode_len: int):
+  """Next-token logits from the model's key/value cache: one decoder position per step, after the prefix (a
+  prompt) went through in one call. Each row's position is its own (prompts differ in length); the source
+  tokens of a translation ride in the cache, so beam search reorders them with the beams."""
+  batch, prefix_len = start.prefix.shape
+  cache_len = prefix_len + max_decode_len
+  if model.config.decoder_only:
+    _, variables = model.apply({'params': params}, batch, cache_len, method=LanguageModel.init_cache,
+                               mutable=['cache'])
+  else:
+    _, variables = model.apply({'params': params}, start.context['encoded'], start.context['inputs'], cache_len,
+                               method=Transformer.init_cache, mutable=['cache'])
+  context = {'encoded': None, 'inputs': start.context['inputs']} if start.context else {}
+  if prefix_len:  # the prefill: every prompt position into the cache (padding marked invalid there)
+    _, variables = model.apply({'params': params, 'cache': variables['cache']}, decoder_inputs=start.prefix,
+                               decode=True, method='decode', mutable=['cache'], **context)
 
   def logits_fn(tokens, cache):
-    logits, new_vars = model.apply({'params': params, 'cache': cache['model']}, None, cache['inputs'], tokens,
-                                   decode=True, method=Transformer.decode, mutable=['cache'])
-    return logits[:, 0], {'model': new_vars['cache'], 'inputs': cache['inputs']}
+    logits, new_vars = model.apply({'params': params, 'cache': cache['model']}, decoder_inputs=tokens,
+                                   targets_positions=cache['positions'][:, None], decode=True, method='decode',
+                                   mutable=['cache'], **_decoder_args(cache))
+    return logits[:, 0], dict(cache, model=new_vars['cache'], positions=cache['positions'] + 1)
 
-  return logits_fn, {'model': variables['cache'], 'inputs': inputs}
+  return logits_fn, {'model': variables['cache'], 'positions': start.positions, **context}
 
 
-def _uncached_logits_fn(model: Transformer, params, inputs, max_decode_len):
-  """Next-token logits recomputed from the whole prefix every step (the reference the cache must match)."""
+def _uncached_logits_fn(model, params, start: _Start, max_decode_len: int):
+  """Next-token logits recomputed from each row's whole decoder input every step (the reference the cache must
+  match)."""
 
   def logits_fn(tokens, cache):
-    index = cache['index']
-    prefix = jax.lax.dynamic_update_slice_in_dim(cache['prefix'], tokens, index, axis=1)
-    logits = model.apply({'params': params}, cache['encoded'], cache['inputs'], prefix, method=Transformer.decode)
-    step_logits = jax.lax.dynamic_index_in_dim(logits, index, axis=1, keepdims=False)
-    return step_logits, dict(cache, prefix=prefix, index=index + 1)
+    index, rows = cache['positions'], jnp.arange(tokens.shape[0])  # rows: batch × beams in beam search
+    prefix = cache['prefix'].at[rows, index].set(tokens[:, 0])
+    logits = model.apply({'params': params}, decoder_inputs=prefix, method='decode', **_decoder_args(cache))
+    return logits[rows, index], dict(cache, prefix=prefix, positions=index + 1)
 
-  encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
-  prefix = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
-  return logits_fn, {'prefix': prefix, 'index': jnp.zeros((), jnp.int32), 'encoded': encoded, 'inputs': inputs}
+  prefix = jnp.pad(start.prefix, ((0, 0), (0, max_decode_len)))
+  return logits_fn, {'prefix': prefix, 'positions': start.positions, **start.context}
 
 
 @functools.partial(jax.jit, static_argnames=('method', 'beam_size', 'alpha', 'max_decode_len', 'n_best',
@@ -220,41 +280,55 @@ def generate(members: tuple[ensemble.Member, ...], inputs, rng, *, method: str =
              alpha: float = 0.6, max_decode_len: int = 64, n_best: int = 1, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, use_cache: bool = True):
   """Token ids [batch, n_best, max_decode_len] (PAD after EOS) and scores, by beam search, greedy or sampling
-  with one model (one member) or an ensemble: each member with its own encoder output and key/value cache, their
-  log-probabilities combined per step by `ensemble.logits_fn`, all in one jitted program.
+  with one model (one member) or an ensemble: each member with its own encoder output (or prompt prefill) and
+  key/value cache, their log-probabilities combined per step by `ensemble.logits_fn`, all in one jitted program.
 
-  use_cache=False recomputes the decoder over the whole prefix at every step (for tests and benchmarks).
+  inputs [batch, length] (right-padded with 0): the source sentences of a translation, or the prompts a language
+  model continues (a document's first tokens, without EOS; an empty row starts a document). use_cache=False
+  recomputes the decoder over the whole prefix at every step (for tests and benchmarks).
   """
+  starts = [_start(m.model, m.params, inputs) for m in members]
   make_fn = _cached_logits_fn if use_cache else _uncached_logits_fn
-  member_fns, caches = zip(*(make_fn(m.model, m.params, inputs, max_decode_len) for m in members))
+  member_fns, caches = zip(*(make_fn(m.model, m.params, start, max_decode_len) for m, start in zip(members, starts)))
   logits_fn, cache = ensemble.logits_fn(member_fns), tuple(caches)
-  batch = inputs.shape[0]
+  batch, first = inputs.shape[0], starts[0].first_tokens  # the same for every member: it comes from the inputs
   if method == 'beam':
     return decoding.beam_search(logits_fn, cache, batch, beam_size=beam_size, alpha=alpha,
-                                max_decode_len=max_decode_len, n_best=n_best)
+                                max_decode_len=max_decode_len, n_best=n_best, first_tokens=first)
   if method == 'greedy':
-    tokens = decoding.greedy_search(logits_fn, cache, batch, max_decode_len=max_decode_len)
+    tokens = decoding.greedy_search(logits_fn, cache, batch, max_decode_len=max_decode_len, first_tokens=first)
   elif method == 'sample':
     tokens = decoding.sample(logits_fn, cache, batch, rng, max_decode_len=max_decode_len, temperature=temperature,
-                             top_k=top_k, top_p=top_p)
+                             top_k=top_k, top_p=top_p, first_tokens=first)
   else:
     raise ValueError(f'unknown decoding method {method!r}: use one of {METHODS}.')
   return tokens[:, None], jnp.zeros((batch, 1), jnp.float32)
 
 
-def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'beam'):
-  """Yields (example_index, best token ids) for every real row of `batches` (this process's rows)."""
+def generate_batches(restored: Restored, batches, max_decode_len, rng=None, **generate_kwargs):
+  """Yields (example_index, best token ids) for every real row of `batches` (this process's rows) by `generate`.
+
+  max_decode_len(width): the output length for a batch of inputs `width` tokens wide; batch i samples with
+  fold_in(rng, i).
+  """
   batch_sharding = sharding.batch_sharding(restored.mesh)
-  for batch in batches:
+  rng = jax.random.key(0) if rng is None else rng
+  for number, batch in enumerate(batches):
     inputs = jax.make_array_from_process_local_data(batch_sharding, batch['inputs'])
-    tokens, _ = generate(restored.members, inputs, jax.random.key(0), method=method,
-                         beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha,
-                         max_decode_len=restored.decode_length(batch['inputs'].shape[1], decode_cfg.max_len_offset))
+    tokens, _ = generate(restored.members, inputs, jax.random.fold_in(rng, number),
+                         max_decode_len=max_decode_len(batch['inputs'].shape[1]), **generate_kwargs)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))[:, 0]
     indices = np.asarray(multihost_utils.process_allgather(batch['example_index'], tiled=True))
     for index, ids in zip(indices, tokens):
       if index >= 0:
         yield int(index), ids
+
+
+def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'beam'):
+  """Yields (example_index, best token ids) for every real row of `batches` (this process's rows)."""
+  return generate_batches(restored, batches,
+                          lambda width: restored.decode_length(width, decode_cfg.max_len_offset),
+                          method=method, beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha)
 
 
 def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
@@ -313,3 +387,35 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
     return out
 
   return translate_nonblank(lines, translate)
+
+
+def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+                     top_k: int = 0, top_p: float = 1.0, seed: int = 0, num_samples: int = 1, batch_size: int = 32,
+                     fit: bool = False) -> list[list[str]]:
+  """`num_samples` texts per prompt: the prompt continued by a language model for up to `max_new_tokens` tokens
+  (or to the end of its document), sampled (temperature 0: greedy), batched and jitted once per shape.
+
+  A prompt too long for `max_new_tokens` more tokens within the model's max length is an error, or with `fit`
+  all prompts get as many new tokens as the longest leaves room for.
+  """
+  max_len = restored.max_len
+  encoded = [restored.tokenizer.encode(prompt) for prompt in prompts]
+  if fit:
+    max_new_tokens = max(min(max_new_tokens, max_len - max(map(len, encoded), default=0)), 1)
+  for number, ids in enumerate(encoded, 1):
+    if len(ids) + max_new_tokens > max_len:
+      raise ValueError(f'prompt {number} has {len(ids)} tokens, which with max_new_tokens={max_new_tokens} is more '
+                       f'than the model\'s max length {max_len}: shorten the prompt or generate fewer tokens.')
+  rows = [ids for ids in encoded for _ in range(num_samples)]
+  data_parallel = sharding.data_parallel_size(restored.mesh)
+  examples = ({'inputs': np.asarray(ids, np.int32)} for ids in rows)
+  batches = pipeline.batch_examples(examples, -(-batch_size // data_parallel) * data_parallel, max_length=max_len,
+                                    process_index=jax.process_index(), process_count=jax.process_count())
+  sampling = {'method': 'greedy'} if temperature == 0 else {
+      'method': 'sample', 'temperature': temperature, 'top_k': top_k, 'top_p': top_p}
+  texts = [''] * len(rows)
+  with restored.on_mesh():
+    for index, ids in generate_batches(restored, batches, lambda width: max_new_tokens, jax.random.key(seed),
+                                       **sampling):
+      texts[index] = restored.tokenizer.decode(rows[index] + [int(i) for i in ids])
+  return [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(prompts))]

@@ -1,9 +1,12 @@
-"""Training losses and token metrics, and the analytic FLOP count behind MFU."""
+"""Training losses and token metrics, a language model's bits per byte and unigram baseline, and the analytic FLOP
+count behind MFU."""
 
 import math
+from collections.abc import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax import cpu_backend
 from transformer_jax.model_config import ModelConfig
@@ -56,6 +59,27 @@ def token_metrics(logits, targets, smoothing: float, *, cpu_kernels: bool = Fals
           'tokens': jnp.sum(weights)}
 
 
+def bits_per_byte(total_nll: float, num_bytes: int) -> float:
+  """A language model's total negative log-likelihood (nats) over a text, in bits per UTF-8 byte of the text:
+  comparable across tokenizers, unlike per-token perplexity."""
+  return total_nll / math.log(2) / max(num_bytes, 1)
+
+
+def unigram_perplexity(train_ids: Iterable[Sequence[int]], heldout_ids: Iterable[Sequence[int]],
+                       vocab_size: int) -> float:
+  """Perplexity on `heldout_ids` of the unigram model of `train_ids` (documents' token ids) with add-one
+  smoothing: p(w) = (count(w) + 1) / (tokens + vocab_size). The baseline a language model must beat."""
+  counts = np.zeros(vocab_size, np.int64)
+  for ids in train_ids:
+    np.add.at(counts, np.asarray(ids, np.int64), 1)
+  log_probs = np.log(counts + 1.0) - np.log(counts.sum() + vocab_size)
+  total, tokens = 0.0, 0
+  for ids in heldout_ids:
+    total -= float(log_probs[np.asarray(ids, np.int64)].sum())
+    tokens += len(ids)
+  return math.exp(total / max(tokens, 1))
+
+
 def normalize(sums: dict) -> dict:
   """Per-token means from `token_metrics` sums: loss, nll, perplexity, accuracy."""
   tokens = max(float(sums['tokens']), 1.0)
@@ -69,14 +93,16 @@ def forward_flops(config: ModelConfig, batch: int, source_len: int, target_len: 
 
   Counts every projection, the attention scores and weighted sums (self, causal self over the full
   square as the kernels compute it, and cross), the FFNs and the pre-softmax layer; 2 FLOPs per MAC.
+  A decoder-only model has no encoder and no cross-attention (its source_len is 0).
   """
   d, h, dk, dv, f = config.d_model, config.num_heads, config.head_dim_k, config.head_dim_v, config.d_ff
   qkvo = d * h * (2 * dk + 2 * dv)  # MACs per token of the four projections
   scores = lambda kv_len: kv_len * h * (dk + dv)  # MACs per query token: QK^T and weights·V
   ffn = 2 * d * f
+  cross = 0 if config.decoder_only else 1
   enc_token = qkvo + scores(source_len) + ffn
-  dec_token = qkvo + scores(target_len) + d * h * (dk + dv) + scores(source_len) + ffn  # + cross Q, O
-  cross_kv_source_token = d * h * (dk + dv)  # cross-attention K, V over the encoder output
+  dec_token = qkvo + scores(target_len) + cross * (d * h * (dk + dv) + scores(source_len)) + ffn  # + cross Q, O
+  cross_kv_source_token = cross * d * h * (dk + dv)  # cross-attention K, V over the encoder output
   macs = batch * (source_len * config.num_encoder_layers * enc_token
                   + target_len * config.num_decoder_layers * dec_token
                   + source_len * config.num_decoder_layers * cross_kv_source_token

@@ -1,13 +1,17 @@
-"""The encoder-decoder Transformer of "Attention Is All You Need" (§3) as Flax linen modules.
+"""The encoder-decoder Transformer of "Attention Is All You Need" (§3) as Flax linen modules, and its decoder
+stack alone as a language model (`model.architecture='decoder_only'`).
 
 Reads top to bottom like the paper: embeddings and positional encodings (§3.4–3.5), multi-head attention
-(§3.2), the position-wise feed-forward network (§3.3), encoder and decoder stacks (§3.1).
+(§3.2), the position-wise feed-forward network (§3.3), encoder and decoder stacks (§3.1), then the two models.
+A stack's N layers are `layer_0`..`layer_{N-1}`, or with `model.scan_layers` one `nn.scan` named `layers` over
+parameters stacked on a leading `layers` axis, so that compile time and program size do not grow with depth.
 
 Initialisation: every projection matrix is Xavier-uniform over its [fan_in, fan_out] matrix view, as in
 tensor2tensor and fairseq; embeddings are normal(0, d_model^-0.5), so that after the ×√d_model of §3.4
 the embedded tokens have unit variance and the tied pre-softmax layer starts with small logits; biases 0,
 LayerNorm scales 1. Every parameter and key activation carries logical axis names
-(`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`) that `sharding.py` maps to mesh axes.
+(`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`, and `layers` when scanned) that `sharding.py` maps
+to mesh axes.
 """
 
 import math
@@ -109,8 +113,9 @@ def dense(config: ModelConfig, features, names: tuple[str, ...], *, axis=-1, use
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (§3.2.2).
 
-  With `decode=True` keys and values live in the 'cache' collection: self-attention appends one step at
-  `decode_index`; cross-attention projects the encoder output once, when the cache is created.
+  With `decode=True` keys and values live in the 'cache' collection: self-attention appends its tokens (one step,
+  or a whole prompt) at `decode_index`, with their validity, so a query never sees a padded cache slot;
+  cross-attention projects the encoder output once, when the cache is created.
   """
 
   config: ModelConfig
@@ -151,17 +156,19 @@ class MultiHeadAttention(nn.Module):
     return dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), name='out')(out)
 
   def _append_to_cache(self, k, v, spec, decode_index):
-    """Writes this step's key/value at decode_index; the query then sees cache positions <= decode_index."""
+    """Writes these tokens' keys/values and validity at decode_index; a query then sees the valid cache
+    positions up to its own."""
     creating = not self.has_variable('cache', 'cached_key')
     cached_k = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
     cached_v = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
+    cached_valid = self.variable('cache', 'cached_valid', jnp.zeros, spec.kv_valid.shape, bool)
     if creating:  # the call that sizes the cache: nothing to append yet
       return k, v, spec
-    cached_k.value = jax.lax.dynamic_update_slice_in_dim(cached_k.value, k, decode_index, axis=1)
-    cached_v.value = jax.lax.dynamic_update_slice_in_dim(cached_v.value, v, decode_index, axis=1)
-    batch, cache_len = cached_k.value.shape[:2]
-    spec = attention.MaskSpec(q_valid=spec.q_valid, kv_valid=jnp.ones((batch, cache_len), bool),
-                              causal=True, q_offset=decode_index)
+    update = lambda cached, new: jax.lax.dynamic_update_slice_in_dim(cached, new, decode_index, axis=1)
+    cached_k.value = update(cached_k.value, k)
+    cached_v.value = update(cached_v.value, v)
+    cached_valid.value = update(cached_valid.value, spec.kv_valid)
+    spec = attention.MaskSpec(q_valid=spec.q_valid, kv_valid=cached_valid.value, causal=True, q_offset=decode_index)
     return cached_k.value, cached_v.value, spec
 
 
@@ -205,6 +212,7 @@ class Residual(nn.Module):
 class EncoderLayer(nn.Module):
   config: ModelConfig
   deterministic: bool
+  scanned: bool = False  # a step of nn.scan: returns (x, None)
 
   @nn.compact
   def __call__(self, x, spec):
@@ -212,30 +220,51 @@ class EncoderLayer(nn.Module):
     attn = MultiHeadAttention(cfg, det, name='self_attention')
     x = Residual(cfg, det, name='self_attention_block')(x, lambda y: attn(y, y, spec))
     x = Residual(cfg, det, name='ffn_block')(x, FeedForward(cfg, det, name='ffn'))
-    return _constrain(x, ('batch', 'length', 'embed'))
+    x = _constrain(x, ('batch', 'length', 'embed'))
+    return (x, None) if self.scanned else x
 
 
 class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention (not in a decoder-only model) and FFN."""
+
   config: ModelConfig
   deterministic: bool
   decode: bool = False
+  scanned: bool = False  # a step of nn.scan: returns (x, None)
 
   @nn.compact
   def __call__(self, x, encoded, self_spec, cross_spec, decode_index=None):
     cfg, det = self.config, self.deterministic
     self_attn = MultiHeadAttention(cfg, det, decode=self.decode, name='self_attention')
-    cross_attn = MultiHeadAttention(cfg, det, cross=True, decode=self.decode, name='cross_attention')
     x = Residual(cfg, det, name='self_attention_block')(x, lambda y: self_attn(y, y, self_spec, decode_index))
-    x = Residual(cfg, det, name='cross_attention_block')(x, lambda y: cross_attn(y, encoded, cross_spec))
+    if not cfg.decoder_only:
+      cross_attn = MultiHeadAttention(cfg, det, cross=True, decode=self.decode, name='cross_attention')
+      x = Residual(cfg, det, name='cross_attention_block')(x, lambda y: cross_attn(y, encoded, cross_spec))
     x = Residual(cfg, det, name='ffn_block')(x, FeedForward(cfg, det, name='ffn'))
-    return _constrain(x, ('batch', 'length', 'embed'))
+    x = _constrain(x, ('batch', 'length', 'embed'))
+    return (x, None) if self.scanned else x
 
 
-def _maybe_remat(layer_cls, config: ModelConfig, decode=False):
-  if config.remat == 'none' or decode:
-    return layer_cls
-  policy = _REMAT_POLICIES[config.remat]
-  return nn.remat(layer_cls, policy=cpu_backend.remat_policy(policy) if config.use_cpu_kernels else policy)
+def _layer_stack(layer_cls, config: ModelConfig, num_layers: int, x, *args, **attributes):
+  """x through `num_layers` layers: unrolled (`layer_0`..) or one `nn.scan` named `layers` (`model.scan_layers`).
+
+  The scan stacks every parameter on a leading `layers` axis (unsharded by default, see sharding.DEFAULT_RULES)
+  and the decoding cache on axis 1, so that cache leaves keep the batch first (decoding reorders their rows).
+  Rematerialisation (`model.remat`, not while decoding) wraps the layer inside the scan.
+  """
+  if config.remat != 'none' and not attributes.get('decode'):
+    policy = _REMAT_POLICIES[config.remat]
+    layer_cls = nn.remat(layer_cls, policy=cpu_backend.remat_policy(policy) if config.use_cpu_kernels else policy,
+                         prevent_cse=not config.scan_layers)  # a scan already keeps XLA from merging recomputation
+  if not config.scan_layers:
+    for i in range(num_layers):
+      x = layer_cls(config, name=f'layer_{i}', **attributes)(x, *args)
+    return x
+  scan = nn.scan(layer_cls, variable_axes={'params': 0, 'cache': 1, 'intermediates': 0},
+                 split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
+                 length=num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
+  x, _ = scan(config, scanned=True, name='layers', **attributes)(x, *args)
+  return x
 
 
 def _positions_or_default(tokens, positions):
@@ -257,16 +286,15 @@ class Encoder(nn.Module):
                               q_segment=inputs_segment_ids, kv_segment=inputs_segment_ids)
     x = Embedder(cfg, self.embedding, name='embedder')(
         inputs, _positions_or_default(inputs, inputs_positions), deterministic=deterministic)
-    layer_cls = _maybe_remat(EncoderLayer, cfg)
-    for i in range(cfg.num_encoder_layers):
-      x = layer_cls(cfg, deterministic, name=f'layer_{i}')(x, spec)
+    x = _layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, spec, deterministic=deterministic)
     if cfg.norm == 'pre':
       x = layer_norm(cfg, 'final_norm')(x)
     return x
 
 
 class Decoder(nn.Module):
-  """N layers of masked self-attention, encoder-decoder attention and FFN, then the pre-softmax layer."""
+  """N layers of masked self-attention, encoder-decoder attention (not in a decoder-only model) and FFN, then the
+  pre-softmax layer."""
 
   config: ModelConfig
   embedding: nn.Embed
@@ -282,17 +310,17 @@ class Decoder(nn.Module):
       index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
       if not creating:
         decode_index = index.value
-        targets_positions = _positions_or_default(decoder_inputs, None) + decode_index
+        if targets_positions is None:
+          targets_positions = _positions_or_default(decoder_inputs, None) + decode_index
         index.value = decode_index + decoder_inputs.shape[1]
     self_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=target_valid, q_segment=targets_segment_ids,
                                    kv_segment=targets_segment_ids, causal=True)
-    cross_spec = attention.MaskSpec(q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segment_ids,
-                                    kv_segment=inputs_segment_ids)
+    cross_spec = None if cfg.decoder_only else attention.MaskSpec(
+        q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segment_ids, kv_segment=inputs_segment_ids)
     y = Embedder(cfg, self.embedding, name='embedder')(
         decoder_inputs, _positions_or_default(decoder_inputs, targets_positions), deterministic=deterministic)
-    layer_cls = _maybe_remat(DecoderLayer, cfg, decode)
-    for i in range(cfg.num_decoder_layers):
-      y = layer_cls(cfg, deterministic, decode, name=f'layer_{i}')(y, encoded, self_spec, cross_spec, decode_index)
+    y = _layer_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_spec, cross_spec, decode_index,
+                     deterministic=deterministic, decode=decode)
     if cfg.norm == 'pre':
       y = layer_norm(cfg, 'final_norm')(y)
     if not cfg.share_embeddings:
@@ -347,3 +375,49 @@ class Transformer(nn.Module):
     decoder_inputs = shift_right(targets, targets_segment_ids)
     return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segment_ids,
                        targets_segment_ids, deterministic=deterministic)
+
+
+class LanguageModel(nn.Module):
+  """The decoder-only Transformer: the decoder stack without cross-attention, predicting each next token.
+
+  Its own token embedding, tied with the pre-softmax layer (`share_embeddings`) or not; every decoder option of
+  the encoder-decoder applies. A batch holds only the 'targets' side (packed documents with segment ids).
+  """
+
+  config: ModelConfig
+
+  def setup(self):
+    if self.config.share_embeddings:
+      self.shared_embedding = make_embedding(self.config)
+      embedding = self.shared_embedding
+    else:
+      self.target_embedding = make_embedding(self.config)
+      embedding = self.target_embedding
+    self.decoder = Decoder(self.config, embedding)
+
+  def decode(self, decoder_inputs, targets_positions=None, targets_segment_ids=None, *, deterministic=True,
+             decode=False):
+    """Logits [batch, length, vocab] (float32) for `decoder_inputs` (targets shifted right); with decode=True
+    through the 'cache' collection (see `init_cache`), as `Transformer.decode`."""
+    return self.decoder(None, None, decoder_inputs, targets_positions, None, targets_segment_ids,
+                        deterministic=deterministic, decode=decode)
+
+  def init_cache(self, batch_size: int, max_decode_len: int):
+    """Creates the decoding cache (apply with mutable=['cache']): empty slots for max_decode_len positions."""
+    return self.decode(jnp.full((batch_size, max_decode_len), BOS_ID, jnp.int32), decode=True)
+
+  def __call__(self, targets, targets_positions=None, targets_segment_ids=None, *, deterministic=True):
+    """Teacher-forced next-token logits for `targets` (token ids, 0 = padding): position t sees targets[:t]."""
+    return self.decode(shift_right(targets, targets_segment_ids), targets_positions, targets_segment_ids,
+                       deterministic=deterministic)
+
+
+def make_model(config: ModelConfig) -> nn.Module:
+  """The model of `config.architecture`."""
+  return LanguageModel(config) if config.decoder_only else Transformer(config)
+
+
+def init_inputs(config: ModelConfig, batch_shape) -> dict:
+  """Token arrays [batch_shape] for every input of the model's `__call__` (to initialise it): any shape will do."""
+  tokens = jnp.ones(batch_shape, jnp.int32)
+  return {'targets': tokens} if config.decoder_only else {'inputs': tokens, 'targets': tokens}

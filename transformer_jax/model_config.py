@@ -8,6 +8,7 @@ import ml_collections
 
 from transformer_jax import cpu_backend
 
+ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 POSITIONAL = ('sinusoidal', 'learned')
 NORMS = ('post', 'pre')
 ATTENTIONS = ('reference', 'dot_product', 'chunked')
@@ -19,14 +20,15 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float
 class ModelConfig:
   """Defaults are the paper's base model (§3, Table 3 "base")."""
 
+  architecture: str = 'encoder_decoder'  # 'decoder_only': the decoder stack alone, a language model
   vocab_size: int = 37000
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8
   d_k: int | None = None  # None: d_model // num_heads
   d_v: int | None = None  # None: d_model // num_heads
-  num_encoder_layers: int = 6
-  num_decoder_layers: int = 6
+  num_encoder_layers: int = 6  # 0 for 'decoder_only'
+  num_decoder_layers: int = 6  # the layer stack of 'decoder_only'
   dropout: float = 0.1  # P_drop: residual sublayer outputs and embedding+position sums
   attention_dropout: float = 0.0
   relu_dropout: float = 0.0
@@ -38,11 +40,13 @@ class ModelConfig:
   attention: str = 'reference'
   attention_chunk_size: int = 512  # query and key block length of 'chunked'
   remat: str = 'none'
+  scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
   dtype: str = 'float32'  # compute dtype
   param_dtype: str = 'float32'
   cpu_kernels: str = 'auto'  # the XLA:CPU backward passes (cpu_backend.py): 'auto' (on a CPU), 'on', 'off'
 
   def __post_init__(self):
+    _check_choice('architecture', self.architecture, ARCHITECTURES)
     _check_choice('positional', self.positional, POSITIONAL)
     _check_choice('norm', self.norm, NORMS)
     _check_choice('attention', self.attention, ATTENTIONS)
@@ -54,9 +58,12 @@ class ModelConfig:
       raise ValueError(
           f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}: '
           'change one of them or set model.d_k and model.d_v explicitly.')
-    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'max_len', 'attention_chunk_size'):
+    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'num_decoder_layers', 'max_len', 'attention_chunk_size'):
       if getattr(self, name) <= 0:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}.')
+    if self.decoder_only and self.num_encoder_layers:
+      raise ValueError(f"model.architecture='decoder_only' has no encoder: set model.num_encoder_layers=0 (got "
+                       f'{self.num_encoder_layers}); model.num_decoder_layers is its depth.')
     for name in ('dropout', 'attention_dropout', 'relu_dropout'):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'model.{name} must be in [0, 1), got {getattr(self, name)}.')
@@ -70,6 +77,10 @@ class ModelConfig:
       raise ValueError(
           f"model.attention_dropout={self.attention_dropout} needs model.attention='reference' "
           f"(the '{self.attention}' implementation has no dropout on attention weights).")
+
+  @property
+  def decoder_only(self) -> bool:
+    return self.architecture == 'decoder_only'
 
   @property
   def head_dim_k(self) -> int:

@@ -8,7 +8,6 @@ negative log-likelihood per token (what fairseq or torch call the loss; perplexi
 """
 
 import json
-import logging as py_logging
 import time
 
 import jax
@@ -17,6 +16,7 @@ from absl import logging
 from tensorboardX import SummaryWriter
 
 from transformer_jax import metrics as metrics_lib
+from transformer_jax.data import pipeline
 from transformer_jax.workdir import Workdir
 
 
@@ -72,13 +72,16 @@ class TrainReport:
     self._window_start += seconds
 
   def add(self, step_metrics: dict, host_batch: dict):
-    """One finished step: its (on-device) metrics and this host's batch (tokens counted, FLOPs estimated)."""
+    """One finished step: its (on-device) metrics and this host's batch (tokens counted, FLOPs estimated).
+
+    Tokens are those of both sides of a translation batch, of the 'targets' of a language model's.
+    """
     self._pending.append(step_metrics)
-    self._tokens += int(np.count_nonzero(host_batch['inputs']) + np.count_nonzero(host_batch['targets'])) \
-        * jax.process_count()
-    rows = host_batch['inputs'].shape[0] * jax.process_count()
-    self._flops += metrics_lib.train_flops(self._model_config, rows, host_batch['inputs'].shape[1],
-                                           host_batch['targets'].shape[1])
+    sides = [host_batch[key] for key in pipeline.SIDES if key in host_batch]
+    self._tokens += sum(int(np.count_nonzero(side)) for side in sides) * jax.process_count()
+    rows, target_len = host_batch['targets'].shape
+    source_len = host_batch['inputs'].shape[1] if 'inputs' in host_batch else 0
+    self._flops += metrics_lib.train_flops(self._model_config, rows * jax.process_count(), source_len, target_len)
 
   @property
   def has_pending(self) -> bool:
@@ -133,21 +136,3 @@ class TrainReport:
 def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
-
-
-class _QuietLibraries(py_logging.Filter):
-  """orbax and grain: drops their per-save INFO chatter and, unless --verbosity=1, the tracebacks of their errors
-  (the error itself stays; the run reports it in one line of its own)."""
-
-  def filter(self, record):
-    if not any(part in record.pathname for part in ('/orbax/', '/grain/')):
-      return True
-    if record.levelno < py_logging.WARNING:
-      return False
-    if record.exc_info and not logging.level_debug():
-      record.exc_info, record.exc_text = None, None
-    return True
-
-
-def quiet_library_logs():
-  logging.get_absl_handler().addFilter(_QuietLibraries())

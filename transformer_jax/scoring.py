@@ -1,6 +1,7 @@
-"""Scoring and reports: teacher-forced loss over a split, BLEU and chrF of its translations (of one model or an
-ensemble), a paired test against a baseline, results files and the printed report. Used by training (in-run
-validation, the final report) and by `eval.py`."""
+"""Scoring and reports: teacher-forced loss over a split, BLEU and chrF of its translations (or, for a language model,
+perplexity, bits per byte, the unigram baseline and sampled continuations) by one model or an ensemble, a paired
+test against a baseline, results files and the printed report. Used by training (in-run validation, the final
+report) and by `eval.py`."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import numpy as np
 from absl import logging
 
 from transformer_jax import checkpoint
+from transformer_jax import files
 from transformer_jax import inference
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import scores
@@ -19,6 +21,7 @@ from transformer_jax import significance
 from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
+from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 
 
@@ -29,8 +32,11 @@ def default_config() -> ml_collections.ConfigDict:
       'test_split': 'test',  # BLEU at the end of training and the default of eval.py
       'batch_size': 64,  # sentences per teacher-forced batch (global)
       'average_last': 5,  # checkpoints averaged for the final evaluation (§6.1: 5 base, 20 big)
-      'num_samples': 5,  # sample translations printed
+      'num_samples': 5,  # sample translations (language model: continuations of held-out prompts) printed
   })
+
+# The unigram baseline of a language model counts tokens of at most this many training documents (a seeded sample).
+UNIGRAM_DOCUMENTS = 200_000
 
 
 def validate(eval_config: ml_collections.ConfigDict) -> None:
@@ -42,8 +48,8 @@ def validate(eval_config: ml_collections.ConfigDict) -> None:
 def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
                    max_length: int | None = None) -> dict:
   """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
-  `eval_fn` (`steps.jit_eval_step`) of `members` (one model or an ensemble); sentences longer than `max_length`
-  (`ModelConfig.position_limit`) are cut to it."""
+  pairs or documents, and the number of target tokens, by `eval_fn` (`steps.jit_eval_step`) of `members` (one
+  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count(), max_length=max_length)
@@ -53,11 +59,11 @@ def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batc
     batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
     sums = jax.device_get(eval_fn(members, batch))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
-  return metrics_lib.normalize(totals)
+  return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
 def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair, with the restored model or ensemble."""
+  """`teacher_forced` over every pair (or document), with the restored model or ensemble."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.members)
   eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
@@ -86,11 +92,16 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
 def evaluate_split(restored: inference.Restored, workdir: str, split: str,
                    compare_to: significance.Comparison | None = None) -> dict:
   """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split of the
-  restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison').
+  restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison'); a language
+  model's numbers instead (`evaluate_documents`).
 
   Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, an ensemble's
   under names tagged 'ensemble' with its members (workdir and steps of each) in the results.
   """
+  if restored.members[0].model.config.decoder_only:
+    if compare_to:
+      raise ValueError('--compare_to compares translations; a language model\'s evaluation has none: drop it.')
+    return evaluate_documents(restored, workdir, split)
   config, run_dir = restored.config, Workdir(workdir)
   for key in ('eval.batch_size', 'decode.batch_size'):
     section, name = key.split('.')
@@ -109,47 +120,117 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str,
   references = [tgt for _, tgt in pairs]
   lang = config.data.target_lang
   tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
-  if restored.is_ensemble:
-    tag, provenance = 'ensemble', {'ensemble': list(restored.origins)}
-  else:
-    tag, provenance = None, {'step': restored.steps[-1], 'averaged_steps': restored.steps}
-  results = {**provenance, 'split': split, **scores.corpus_scores(hypotheses, references),
-             'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
-             'params': int(sum(np.prod(p.shape) for p in jax.tree.leaves(restored.members))),
+  results = {**_provenance(restored), 'split': split, **scores.corpus_scores(hypotheses, references),
+             'tokenized_bleu': tokenized, 'num_sentences': len(pairs), 'params': _count_params(restored.members),
              'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
   if compare_to:
     results['comparison'] = compare_to.run(hypotheses, references)
   if jax.process_index() == 0:
     results['translations'] = write_translations(
-        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, tag)
-    with open(run_dir.results_file(split, config.eval.test_split, tag), 'w', encoding='utf-8') as f:
-      json.dump(results, f, indent=2)
+        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, _tag(restored))
+    _write_results(run_dir, split, config, results, _tag(restored))
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
 
 
+def _tag(restored: inference.Restored) -> str | None:
+  """How an evaluation's files are named: 'ensemble' for an ensemble (`Workdir.results_file`)."""
+  return 'ensemble' if restored.is_ensemble else None
+
+
+def _provenance(restored: inference.Restored) -> dict:
+  """Where the params come from, as results.json records it: the step(s) of one model, an ensemble's members."""
+  if restored.is_ensemble:
+    return {'ensemble': list(restored.origins)}
+  return {'step': restored.steps[-1], 'averaged_steps': restored.steps}
+
+
+def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str | None) -> None:
+  files.write_atomically(run_dir.results_file(split, config.eval.test_split, tag), json.dumps(results, indent=2))
+
+
+def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -> dict:
+  """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
+  byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
+  those whose half leaves the model room to continue).
+
+  Bits per byte: the total NLL in bits over the UTF-8 bytes of the documents, each counted with one byte more
+  for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir.
+  """
+  config = restored.config
+  documents = sources.load_documents(config.data, split)
+  losses = teacher_forced_metrics(restored, documents)
+  num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
+  examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
+  fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < restored.max_len
+  examples = [document for document in examples if fits(document)]
+  prompts = [_first_half(document) for document in examples]
+  samples = inference.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
+                                       temperature=config.decode.temperature, top_k=config.decode.top_k,
+                                       top_p=config.decode.top_p, batch_size=config.decode.batch_size, fit=True)
+  results = {**_provenance(restored), 'split': split, 'perplexity': losses['perplexity'],
+             'bits_per_byte': metrics_lib.bits_per_byte(losses['nll'] * losses['tokens'], num_bytes),
+             'unigram_perplexity': unigram_baseline(restored.tokenizer, config.data, documents),
+             'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
+             'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()}}
+  if jax.process_index() == 0:
+    _write_results(Workdir(workdir), split, config, results, _tag(restored))
+  results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
+  return results
+
+
+def unigram_baseline(tokenizer, data_config, documents) -> float:
+  """The perplexity on `documents` (their tokens and EOS, as the model is scored) of the add-one smoothed unigram
+  model of the training split's tokens (a seeded sample of at most UNIGRAM_DOCUMENTS documents)."""
+  train = sources.load_documents(data_config, 'train')
+  chosen = np.random.default_rng(0).choice(len(train), min(len(train), UNIGRAM_DOCUMENTS), replace=False)
+  ids = lambda texts: (tokenizer.encode(text) + [EOS_ID] for text in texts)
+  return metrics_lib.unigram_perplexity(ids(train[int(i)] for i in chosen), ids(documents), tokenizer.vocab_size)
+
+
+def _first_half(document: str) -> str:
+  """A prompt from a held-out document: its first half of words (at least one)."""
+  words = document.split()
+  return ' '.join(words[:max(1, len(words) // 2)])
+
+
+def _count_params(members) -> int:
+  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(members)))
+
+
 def describe(results: dict, num_samples: int) -> str:
-  """A short human-readable report of `evaluate_split`'s results."""
+  """A short human-readable report of `evaluate_split`'s results, with `num_samples` of its samples."""
   split = results['split']
+  if 'bits_per_byte' in results:
+    labels = ('prompt', 'sample', 'reference')
+    headline = (f'{split}: perplexity {results["perplexity"]:.3f} against {results["unigram_perplexity"]:.1f} of '
+                'the unigram model (add-one smoothed token counts of the training split), bits per byte '
+                f'{results["bits_per_byte"]:.4f}, nll {results[f"{split}_nll"]:.4f}, accuracy '
+                f'{results[f"{split}_accuracy"]:.3f} on {results["num_documents"]} documents '
+                f'({results["num_tokens"]} tokens)')
+  else:
+    labels = ('source', 'output', 'reference')
+    headline = (f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
+                f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
+                f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
+                f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
+                f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
+                f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences')
   if 'ensemble' in results:
     provenance = 'ensemble of ' + ', '.join(f'{m["workdir"]} step(s) {m["steps"]}' for m in results['ensemble'])
   else:
     provenance = f'params of step(s) {results["averaged_steps"]}'
-  lines = [f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
-           f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
-           f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
-           f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
-           f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
-           f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences; {provenance}']
-  for src, hyp, ref in results['samples'][:num_samples]:
-    lines += [f'  source:    {src}', f'  output:    {hyp}', f'  reference: {ref}']
+  lines = [f'{headline}; {provenance}']
+  for sample in results['samples'][:num_samples]:
+    lines += [f'  {label + ":":<11}{text}' for label, text in zip(labels, sample)]
   if 'comparison' in results:
     lines.append(significance.describe(results['comparison']))
   return '\n'.join(lines)
 
 
 def final_report(config, workdir: str) -> dict:
-  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU."""
+  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
+  (a language model: perplexity against the unigram baseline, and samples)."""
   manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
   available = len(manager.all_steps())
   manager.close()

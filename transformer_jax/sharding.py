@@ -1,6 +1,6 @@
 """Device mesh from config, logical-axis rules, and helpers that place states and batches on the mesh.
 
-The model names its axes (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`); the config's rules map
+The model names its axes (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`, `layers`); the config's rules map
 them to the mesh axes `data`, `fsdp` and `tensor`, so changing the parallelism is a config change.
 """
 
@@ -28,6 +28,7 @@ DEFAULT_RULES = (
     ('vocab', 'tensor'),
     ('kv', None),
     ('length', None),
+    ('layers', None),  # the stacked layer axis of model.scan_layers: every device holds every layer's shard
 )
 
 

@@ -18,7 +18,7 @@ from transformer_jax import metrics as metrics_lib
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
-from transformer_jax.model import Transformer
+from transformer_jax import model as model_lib
 from transformer_jax.model_config import ModelConfig
 
 
@@ -38,15 +38,18 @@ class TrainState:
 
 
 def model_inputs(batch: dict) -> dict:
-  """The model's keyword arguments: a batch's `pipeline.BATCH_KEYS` (other fields, e.g. 'example_index', stay)."""
+  """The model's keyword arguments: a batch's `pipeline.BATCH_KEYS` (other fields, e.g. 'example_index', stay).
+
+  A language model's batches hold only the 'targets' keys, which are its arguments.
+  """
   return {key: batch[key] for key in pipeline.BATCH_KEYS if key in batch}
 
 
-def init_state(model: Transformer, tx: optax.GradientTransformation, seed: int, batch_shape) -> TrainState:
+def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, batch_shape) -> TrainState:
   """A fresh state with boxed (logically named) params; run under eval_shape or jit."""
   rng = jax.random.key(seed)
-  tokens = jnp.ones(batch_shape, jnp.int32)
-  params = model.init({'params': jax.random.fold_in(rng, 0)}, tokens, tokens)['params']
+  inputs = model_lib.init_inputs(model.config, batch_shape)
+  params = model.init({'params': jax.random.fold_in(rng, 0)}, **inputs)['params']
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                     rng=jax.random.key_data(jax.random.fold_in(rng, 1)))
 
@@ -89,7 +92,7 @@ def _loss_sums_and_grads(model, params, batch, rng, smoothing):
   return sums, grads
 
 
-def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.GradientTransformation,
+def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.GradientTransformation,
                schedule: optax.Schedule, smoothing: float, grad_accum_steps: int = 1):
   """One optimizer update on the per-token mean loss of `batch` (accumulated over micro-batches)."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -128,9 +131,9 @@ def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: f
                                    cpu_kernels=members[0].model.config.use_cpu_kernels)
 
 
-def training_objects(config) -> tuple[Transformer, optax.GradientTransformation, optax.Schedule]:
-  """The model, optimizer and learning-rate schedule of a run's config."""
-  model = Transformer(ModelConfig.from_dict(config.model))
+def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:
+  """The model (of `model.architecture`), optimizer and learning-rate schedule of a run's config."""
+  model = model_lib.make_model(ModelConfig.from_dict(config.model))
   d_model = model.config.d_model
   return model, optim.make_optimizer(config.train, d_model), optim.make_schedule(config.train, d_model)
 

@@ -24,6 +24,7 @@ from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
 
 NONFINITE_MODES = ('stop', 'skip')
@@ -89,7 +90,7 @@ class _CompiledSteps:
     if key not in self._compiled:
       start = time.time()
       self._compiled[key] = self._jitted.lower(state, batch).compile()
-      self._report.compilation(step, time.time() - start, f'the train step for batch {batch["inputs"].shape}')
+      self._report.compilation(step, time.time() - start, f'the train step for batch {batch["targets"].shape}')
     return self._compiled[key](state, batch)
 
 
@@ -115,9 +116,10 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   mesh, rules = sharding.make_mesh(config.mesh), sharding.rules_from_config(config.mesh)
   sharding.check_batches(config, mesh)
 
-  # --- input
-  train_pairs = sources.load_split(config.data, 'train')
-  valid_pairs = sources.load_split(config.data, config.eval.split)
+  # --- input: sentence pairs, or documents for a decoder-only model
+  documents = ModelConfig.from_dict(config.model).decoder_only
+  train_pairs = sources.load(config.data, 'train', documents)
+  valid_pairs = sources.load(config.data, config.eval.split, documents)
   tok = tokenizer_lib.for_training(config.tokenizer, run_dir.tokenizer_model, train_pairs, config.model.vocab_size)
   # With worker processes the filter counts live (and are logged) in the workers: no metric claims them here.
   filter_stats = None if config.pipeline.num_workers else pipeline.FilterStats()

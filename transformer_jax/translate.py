@@ -15,7 +15,6 @@ from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import files
 from transformer_jax import inference
-from transformer_jax import reporting
 
 _CHECKPOINTS = cli.CheckpointFlags(workdir_required=False)
 _ENGINE = flags.DEFINE_enum('engine', 'jax', ['jax', 'ctranslate2'],
@@ -32,7 +31,6 @@ _BATCH = flags.DEFINE_integer('batch_size', 32, 'Sentences translated at once.',
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; text comes on standard input.')
-  reporting.quiet_library_logs()
   translate = _ctranslate2_engine() if _ENGINE.value == 'ctranslate2' else _jax_engine()  # checks the flags
   lines = files.text_lines(sys.stdin.buffer.read(), 'standard input')  # line i in, translation i out
   sys.stdout.write(''.join(t + '\n' for t in translate(lines)))
@@ -63,6 +61,7 @@ def _ctranslate2_engine():
   beam_size = 1 if _METHOD.value == 'greedy' else _BEAM.value  # CTranslate2's greedy search
   return lambda lines: serving.translate_lines(_MODEL.value, lines, beam_size=beam_size, batch_size=_BATCH.value,
                                                truncate=_TRUNCATE.value)
+
 
 if __name__ == '__main__':
   cli.run(main)

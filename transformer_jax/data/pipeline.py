@@ -1,4 +1,7 @@
-"""Grain input pipelines: sentence pairs -> encoded, filtered, shuffled, batched numpy batches.
+"""Grain input pipelines: sentence pairs or documents -> encoded, filtered, shuffled, batched numpy batches.
+
+An example is a (source, target) pair of a translation, or a document (str) of a language model, which has
+only the 'targets' side: its batches hold only the 'targets' keys (packed documents never see each other).
 
 Training batches come in one of two layouts (`pipeline.batching`):
 - 'packed': several examples per row of `packed_length` tokens (grain's first-fit packing); an
@@ -7,7 +10,7 @@ Training batches come in one of two layouts (`pipeline.batching`):
 - 'token_budget': examples bucketed by length as in the paper (§5.1): each batch holds examples
   of one length bucket, padded to the bucket length, with rows*length <= `tokens_per_batch`.
 
-Every batch is a dict of int32 arrays with the keys `BATCH_KEYS`: 'inputs', 'targets' [B, L]
+Every batch is a dict of int32 arrays with the keys `BATCH_KEYS` (of its sides): 'inputs', 'targets' [B, L]
 (0 = padding), '*_segment_ids' (1, 2, ... per example in a row, 0 for padding) and
 '*_positions' (0-based, restarting at each segment): grain's packing names, which are also the model's
 argument names, so a batch goes to the model as it is and the model has one code path.
@@ -46,8 +49,9 @@ from transformer_jax.tokens import EOS_ID, PAD_ID
 
 BATCH_KEYS = ('inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
               'inputs_positions', 'targets_positions')
+SIDES = ('inputs', 'targets')
 BATCHINGS = ('packed', 'token_budget')
-Example = dict[str, Any]  # 'inputs', 'targets': int32 token ids incl. EOS; 'index' (train only)
+Example = dict[str, Any]  # 'inputs' (pairs only), 'targets': int32 token ids incl. EOS; 'index' (train only)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -110,17 +114,26 @@ class FilterStats:
                          ' check the data.')
 
 
-def encode_pair(tokenizer: Tokenizer, pair: tuple[str, str]) -> Example:
-  """Source and target token ids, each followed by EOS."""
-  return {key: np.array(tokenizer.encode(text) + [EOS_ID], np.int32)
-          for key, text in zip(('inputs', 'targets'), pair)}
+def _item_sides(item: tuple[str, str] | str) -> tuple[str, ...]:
+  """The sides an item fills: a pair both, a document (str) only 'targets'."""
+  return ('targets',) if isinstance(item, str) else SIDES
 
 
-def _encode_and_filter(index: int, pair: tuple[str, str], *, tokenizer: Tokenizer,
+def encode_pair(tokenizer: Tokenizer, pair: tuple[str, str] | str) -> Example:
+  """Source and target token ids, each followed by EOS; a document (str) is a 'targets' side alone."""
+  texts = (pair,) if isinstance(pair, str) else pair
+  return {key: np.array(tokenizer.encode(text) + [EOS_ID], np.int32) for key, text in zip(_item_sides(pair), texts)}
+
+
+def _sides(example: Example) -> list[str]:
+  return [key for key in SIDES if key in example]
+
+
+def _encode_and_filter(index: int, pair: tuple[str, str] | str, *, tokenizer: Tokenizer,
                        max_length: int, stats: FilterStats, epoch_size: int) -> Example | None:
   """The encoded example with its dataset index, or None if it is too long or empty."""
   example = encode_pair(tokenizer, pair)
-  lengths = (len(example['inputs']), len(example['targets']))
+  lengths = [len(example[key]) for key in _sides(example)]
   reason = 'empty' if min(lengths) == 1 else 'too_long' if max(lengths) > max_length else None
   stats.record(reason, epoch_size, max_length)
   if reason is not None:
@@ -131,9 +144,10 @@ def _encode_and_filter(index: int, pair: tuple[str, str], *, tokenizer: Tokenize
 
 def pad_batch(examples: Sequence[Example], rows: int, length: int) -> dict[str, np.ndarray]:
   """One example per row, padded to [rows, length]; rows past the examples are all padding."""
-  batch = {key: np.zeros((rows, length), np.int32) for key in BATCH_KEYS}
+  sides = _sides(examples[0])
+  batch = {key: np.zeros((rows, length), np.int32) for key in BATCH_KEYS if key.startswith(tuple(sides))}
   for row, example in enumerate(examples):
-    for key in ('inputs', 'targets'):
+    for key in sides:
       tokens = example[key]
       batch[key][row, :len(tokens)] = tokens
       batch[f'{key}_segment_ids'][row, :len(tokens)] = 1
@@ -143,8 +157,8 @@ def pad_batch(examples: Sequence[Example], rows: int, length: int) -> dict[str, 
 
 def _packed_batch(packed: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
   """grain's packed rows as int32 `BATCH_KEYS`; pads the last batch of a finite pipeline."""
-  missing = rows - len(packed['inputs'])
-  return {key: np.pad(packed[key], ((0, missing), (0, 0))).astype(np.int32) for key in BATCH_KEYS}
+  missing = rows - len(packed['targets'])
+  return {key: np.pad(packed[key], ((0, missing), (0, 0))).astype(np.int32) for key in BATCH_KEYS if key in packed}
 
 
 def _host_rows(batch: dict[str, np.ndarray], *, process_index: int,
@@ -172,7 +186,7 @@ class _BucketBatchIterator(grain.DatasetIterator):
 
   def __next__(self) -> dict[str, np.ndarray]:
     for example in self._parent:
-      length = max(len(example['inputs']), len(example['targets']))
+      length = max(len(example[key]) for key in _sides(example))
       bucket = bisect.bisect_left(self._boundaries, length)
       self._buffers[bucket].append(example)
       if len(self._buffers[bucket]) == self._batch_sizes[bucket]:
@@ -269,21 +283,21 @@ def _packed_rows(config: ml_collections.ConfigDict, process_count: int) -> int:
   return config.batch_size // process_count
 
 
-def _packed_batches(examples: grain.IterDataset, config: ml_collections.ConfigDict,
-                    process_count: int) -> grain.IterDataset:
-  """First-fit packs examples into rows, one packing group of `rows` rows per host batch."""
+def _packed_batches(examples: grain.IterDataset, config: ml_collections.ConfigDict, process_count: int,
+                    sides: Sequence[str]) -> grain.IterDataset:
+  """First-fit packs examples (the sides in `sides`) into rows, one packing group of `rows` rows per host batch."""
   rows = _packed_rows(config, process_count)
-  length = {'inputs': config.packed_length, 'targets': config.packed_length}
+  length = {key: config.packed_length for key in sides}
   packed = grain.experimental.FirstFitPackIterDataset(
       examples, length_struct=length, num_packing_bins=rows, shuffle_bins=False)
   return packed.batch(rows).map(functools.partial(_packed_batch, rows=rows))
 
 
-def make_train_dataset(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
+def make_train_dataset(pairs: Sequence[tuple[str, str]] | Sequence[str], tokenizer: Tokenizer,
                        config: ml_collections.ConfigDict, *, process_index: int = 0,
                        process_count: int = 1, num_epochs: int | None = None,
                        filter_stats: FilterStats | None = None) -> grain.IterDataset:
-  """This host's training batches: shuffled each epoch (seeded), encoded with EOS, filtered.
+  """This host's training batches of pairs or documents: shuffled each epoch (seeded), encoded with EOS, filtered.
 
   Repeats forever unless `num_epochs` is set (finite runs pad their last batches with padding
   rows). Drop counts go to `filter_stats` if given. See the module docstring for layouts.
@@ -304,7 +318,7 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
               .map_with_index(encode))
   read_options = grain.ReadOptions(num_threads=config.read_threads)
   if packed:
-    batches = _packed_batches(examples.to_iter_dataset(read_options), config, process_count)
+    batches = _packed_batches(examples.to_iter_dataset(read_options), config, process_count, _item_sides(pairs[0]))
   else:
     batches = _BucketBatchIterDataset(
         examples, read_options, tuple(config.bucket_boundaries),
@@ -319,10 +333,10 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer,
   return batches
 
 
-def make_eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_size: int, *,
+def make_eval_batches(pairs: Sequence[tuple[str, str]] | Sequence[str], tokenizer: Tokenizer, batch_size: int, *,
                       process_index: int = 0, process_count: int = 1, length_multiple: int = 16,
                       max_length: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """This host's rows of one in-order pass over `pairs`: nothing dropped, nothing repeated.
+  """This host's rows of one in-order pass over `pairs` (or documents): nothing dropped, nothing repeated.
 
   `batch_size` is global. Each batch is padded to its longest sentence rounded up to
   `length_multiple` (few distinct shapes to compile); the last one is filled with padding rows.
@@ -331,7 +345,7 @@ def make_eval_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, ba
   """
   encoded = (_cut(encode_pair(tokenizer, pairs[i]), max_length) for i in range(len(pairs)))
   return batch_examples(encoded, batch_size, process_index=process_index, process_count=process_count,
-                        length_multiple=length_multiple)
+                        length_multiple=length_multiple, max_length=max_length)
 
 
 def _cut(example: Example, max_length: int | None) -> Example:
@@ -341,8 +355,10 @@ def _cut(example: Example, max_length: int | None) -> Example:
           for key, ids in example.items()}
 
 
-def count_over(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, max_length: int | None) -> int:
-  """How many pairs have a side longer than `max_length` tokens with EOS (those `make_eval_batches` cuts)."""
+def count_over(pairs: Sequence[tuple[str, str]] | Sequence[str], tokenizer: Tokenizer,
+               max_length: int | None) -> int:
+  """How many pairs (documents) have a side longer than `max_length` tokens with EOS (what `make_eval_batches`
+  cuts)."""
   if max_length is None:
     return 0
   return sum(max(len(ids) for ids in encode_pair(tokenizer, pairs[i]).values()) > max_length
@@ -355,16 +371,19 @@ def padded_length(longest: int, length_multiple: int = 16) -> int:
 
 
 def batch_examples(examples: Iterable[Example], batch_size: int, *, process_index: int = 0,
-                   process_count: int = 1, length_multiple: int = 16) -> Iterator[dict[str, np.ndarray]]:
-  """In-order batches of already encoded examples, laid out as `make_eval_batches` describes."""
+                   process_count: int = 1, length_multiple: int = 16,
+                   max_length: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """In-order batches of already encoded examples, laid out as `make_eval_batches` describes; a batch is at most
+  `max_length` wide when given (its examples must fit) and at least 1."""
   _check_hosts(process_index, process_count)
   if batch_size < 1 or batch_size % process_count:
     raise ValueError(f'Eval batch_size={batch_size} must be a positive multiple of the'
                      f' {process_count} hosts; change the eval batch size.')
   iterator, start = iter(examples), 0
   while chunk := list(itertools.islice(iterator, batch_size)):
-    longest = max(max(len(e['inputs']), len(e['targets'])) for e in chunk)
-    batch = pad_batch(chunk, batch_size, padded_length(longest, length_multiple))
+    longest = max(len(e[key]) for e in chunk for key in _sides(e))
+    width = padded_length(longest, length_multiple)
+    batch = pad_batch(chunk, batch_size, max(1, min(width, max_length or width)))
     batch['example_index'] = np.full(batch_size, -1, np.int32)
     batch['example_index'][:len(chunk)] = np.arange(start, start + len(chunk))
     start += len(chunk)

@@ -1,7 +1,13 @@
-"""Sources of (source_text, target_text) sentence pairs: the built-in corpus, tfds, local files.
+"""Sources of (source_text, target_text) sentence pairs, and of documents for a language model: the built-in
+corpus, tfds, local files.
 
 `load_split(data_config, split)` returns a *source split*: a random-access sequence of
 `(source, target)` str pairs (`len(x)`, `x[i]` for an int i), deterministic and cheap to index.
+`load_documents(data_config, split)` returns one of documents (str), what a decoder-only model trains on:
+the built-in corpus's English (source) side, one sentence per document; a tfds dataset's text feature
+`text_key` (e.g. 'lm1b'); or a plain text file per split, `files.<split>.text`, one document per line
+(`documents='lines'`) or one per paragraph, paragraphs separated by blank lines, lines joined by a space
+(`documents='paragraphs'`). `load(data_config, split, documents)` picks one of the two.
 
 Fields of `data_config` (the config's `data` section; `default_config()` gives them all, `validate` checks them):
 
@@ -17,8 +23,11 @@ Fields of `data_config` (the config's `data` section; `default_config()` gives t
   ~/tensorflow_datasets).
 * `source_lang`, `target_lang` ('tfds'): the translation direction, as keys of the Translation
   feature, e.g. 'en' -> 'de'.
+* `text_key` ('tfds', documents): the dataset's text feature, e.g. 'text' of lm1b.
+* `documents` ('files', documents): 'lines' or 'paragraphs' (see above).
 * `files` ('files'): split name -> `{'source': path, 'target': path}` (two aligned plain-text
-  files, one sentence per line) or `{'tsv': path}` (one file, `source<TAB>target` per line); keys
+  files, one sentence per line) or `{'tsv': path}` (one file, `source<TAB>target` per line), or for
+  documents `{'text': path}`; keys
   left None are ignored. The default config has empty entries for train, validation and test, so
   `--config.data.files.train.source=PATH` works on any config. Files must be UTF-8 (strict: an invalid byte is an error naming file and
   line, never replaced); a leading BOM and surrounding whitespace (including '\\r') are dropped;
@@ -41,8 +50,9 @@ from transformer_jax import files
 from transformer_jax.data import builtin
 
 SOURCES = ('builtin', 'tfds', 'files')
+DOCUMENTS = ('lines', 'paragraphs')
 FILE_SPLITS = ('train', 'validation', 'test')  # the `files` entries of the default config
-_FILE_KEYS = ('source', 'target', 'tsv')
+_FILE_KEYS = ('source', 'target', 'tsv', 'text')
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -56,17 +66,23 @@ def default_config() -> ml_collections.ConfigDict:
       'tfds_data_dir': ml_collections.config_dict.placeholder(str),
       'source_lang': 'en',
       'target_lang': 'de',
+      'text_key': 'text',
+      'documents': 'lines',
       'files': {split: {key: ml_collections.config_dict.placeholder(str) for key in _FILE_KEYS}
                 for split in FILE_SPLITS},
   })
 
 
-def validate(data_config: ml_collections.ConfigDict, splits: Sequence[str], *, paths: bool = True) -> None:
-  """The source is known and, for 'files' (when `paths`), each of `splits` names its files."""
+def validate(data_config: ml_collections.ConfigDict, splits: Sequence[str], *, paths: bool = True,
+             documents: bool = False) -> None:
+  """The source is known and, for 'files' (when `paths`), each of `splits` names its files: the pair's, or a
+  text file when a decoder-only model reads `documents`."""
   _check_source(data_config)
+  if data_config.documents not in DOCUMENTS:
+    raise ValueError(f'data.documents={data_config.documents!r} is not one of {DOCUMENTS}.')
   if data_config.source == 'files' and paths:
     for split in dict.fromkeys(splits):
-      _file_paths(data_config, split)
+      _file_paths(data_config, split, documents)
 
 
 def _check_source(data_config: ml_collections.ConfigDict) -> None:
@@ -94,15 +110,36 @@ class PairSequence(collections.abc.Sequence):
     i = operator.index(index)
     return self._sources[i], self._targets[i]
 
+  @property
+  def sources(self) -> Sequence[str]:
+    """The source side alone."""
+    return self._sources
+
 
 def load_split(data_config: ml_collections.ConfigDict, split: str) -> Sequence[tuple[str, str]]:
   """The `split` of the source chosen by `data_config.source` (see the module docstring).
 
-  'builtin' and 'files' splits are `PairSequence`s (with `skipped_empty`); 'tfds' ones `TfdsPairs`.
+  'builtin' and 'files' splits are `PairSequence`s (with `skipped_empty`); 'tfds' ones `TfdsTexts`.
   """
   _check_source(data_config)
   loaders = {'builtin': _load_builtin, 'tfds': _load_tfds, 'files': _load_files}
   return loaders[data_config.source](data_config, split)
+
+
+def load_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequence[str]:
+  """The documents of `split` for a language model (see the module docstring); never empty ones."""
+  _check_source(data_config)
+  if data_config.source == 'builtin':
+    return _load_builtin(data_config, split).sources
+  if data_config.source == 'tfds':
+    return _load_tfds(data_config, split, documents=True)
+  return _load_text_file(data_config, split)
+
+
+def load(data_config: ml_collections.ConfigDict, split: str,
+         documents: bool) -> Sequence[tuple[str, str]] | Sequence[str]:
+  """`load_documents` for a decoder-only model (`documents`), else `load_split`."""
+  return load_documents(data_config, split) if documents else load_split(data_config, split)
 
 
 # ----------------------------------------------------------------------------- builtin
@@ -136,44 +173,47 @@ def prepare_command(name: str, data_dir: str) -> str:
           f'(which runs: tfds build {name} --file_format=array_record --data_dir={data_dir})')
 
 
-class TfdsPairs(collections.abc.Sequence):
-  """A tfds ArrayRecord data source seen as (source, target) str pairs."""
+class TfdsTexts(collections.abc.Sequence):
+  """A tfds ArrayRecord data source seen as str: (source, target) pairs of two features, documents of one."""
 
-  def __init__(self, data_source: Sequence[Any], source_lang: str, target_lang: str):
+  def __init__(self, data_source: Sequence[Any], features: Sequence[str]):
     self._data_source = data_source
-    self._source_lang = source_lang
-    self._target_lang = target_lang
+    self._features = tuple(features)
 
   def __len__(self) -> int:
     return len(self._data_source)
 
-  def __getitem__(self, index: int) -> tuple[str, str]:
+  def __getitem__(self, index: int) -> tuple[str, str] | str:
     i, size = operator.index(index), len(self._data_source)
     if not -size <= i < size:  # checked here: not every data source raises (tfds mocks do not)
-      raise IndexError(f'index {i} out of range for {size} pairs')
+      raise IndexError(f'index {i} out of range for {size} examples')
     example = self._data_source[i % size]
-    return _text(example[self._source_lang]), _text(example[self._target_lang])
+    texts = tuple(_text(example[feature]) for feature in self._features)
+    return texts if len(texts) > 1 else texts[0]
 
 
 def _text(value: str | bytes) -> str:
   return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
 
-def _load_tfds(data_config: ml_collections.ConfigDict, split: str) -> TfdsPairs:
+def _load_tfds(data_config: ml_collections.ConfigDict, split: str, documents: bool = False) -> TfdsTexts:
+  """Pairs of the `source_lang` and `target_lang` features, or documents of the `text_key` feature."""
   tfds = import_tfds()
   name = data_config.tfds_name
   builder = tfds_builder(name, data_config.tfds_data_dir)
   features = builder.info.features
-  languages = sorted(features.keys()) if isinstance(features, tfds.features.FeaturesDict) else []
-  for key in ('source_lang', 'target_lang'):
-    if data_config[key] not in languages:
-      raise ValueError(f'{name} has no language {data_config[key]!r} (its features: {languages}); '
+  available = sorted(features.keys()) if isinstance(features, tfds.features.FeaturesDict) else []
+  keys = ('text_key',) if documents else ('source_lang', 'target_lang')
+  for key in keys:
+    if data_config[key] not in available:
+      kind = 'text feature' if documents else 'language'
+      raise ValueError(f'{name} has no {kind} {data_config[key]!r} (its features: {available}); '
                        f'set data config key {key} to one of them')
   try:
     data_source = builder.as_data_source(split=split)
   except (KeyError, ValueError, NotImplementedError) as e:
     raise ValueError(_tfds_failure(builder, name, split, e)) from e
-  return TfdsPairs(data_source, data_config.source_lang, data_config.target_lang)
+  return TfdsTexts(data_source, [data_config[key] for key in keys])
 
 
 def tfds_builder(name: str, data_dir: str | None) -> Any:
@@ -212,17 +252,25 @@ def _tfds_failure(builder: Any, name: str, split: str, error: Exception) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def _file_paths(data_config: ml_collections.ConfigDict, split: str) -> dict[str, str]:
-  """{'source': path, 'target': path} or {'tsv': path} of a split, or a one-line error saying what to pass."""
+def _file_paths(data_config: ml_collections.ConfigDict, split: str, documents: bool = False) -> dict[str, str]:
+  """{'source': path, 'target': path} or {'tsv': path} of a split ({'text': path} for `documents`), or a
+  one-line error saying what to pass."""
   entry = data_config.files.get(split)
   is_mapping = hasattr(entry, 'items')
   paths = {k: v for k, v in entry.items() if v is not None} if is_mapping else {}
+  got = sorted(paths) if is_mapping else repr(entry)
+  if documents:
+    if set(paths) == {'text'}:
+      return paths
+    raise ValueError(f"data.source='files' for a decoder-only model needs data.files.{split}.text (documents), "
+                     f'got {got}: pass --config.data.files.{split}.text=PATH (one document per line, or per '
+                     "paragraph with --config.data.documents=paragraphs).")
   if set(paths) in ({'source', 'target'}, {'tsv'}):
     return paths
   hint = (f'pass --config.data.files.{split}.source=PATH --config.data.files.{split}.target=PATH '
-                 f'(or --config.data.files.{split}.tsv=PATH)')
+                 f'(or --config.data.files.{split}.tsv=PATH; .text is for decoder-only models)')
   raise ValueError(f"data.source='files' needs data.files.{split}.source and .target (or .tsv), got "
-                   f'{sorted(paths) if is_mapping else repr(entry)}: {hint}.')
+                   f'{got}: {hint}.')
 
 
 def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
@@ -247,6 +295,27 @@ def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSeque
                      f'({skipped} skipped as empty)')
   logging.info('%s: %d pairs for split %s', description, len(sources), split)
   return PairSequence(sources, targets, skipped_empty=skipped)
+
+
+def _load_text_file(data_config: ml_collections.ConfigDict, split: str) -> list[str]:
+  """The documents of a split's text file: its non-blank lines, or its paragraphs (see the module docstring)."""
+  path = _file_paths(data_config, split, documents=True)['text']
+  lines = [line.strip() for line in files.read_text_lines(path, f'data config key files.{split}.text')]
+  if data_config.documents == 'lines':
+    documents = [line for line in lines if line]
+  else:
+    documents, paragraph = [], []
+    for line in lines + ['']:  # a blank line ends a paragraph
+      if line:
+        paragraph.append(line)
+      elif paragraph:
+        documents.append(' '.join(paragraph))
+        paragraph = []
+  if not documents:
+    raise ValueError(f'split {split!r} from {path} has no documents (the file is empty or blank): check '
+                     f'data.files.{split}.text')
+  logging.info('%s: %d documents (%s) for split %s', path, len(documents), data_config.documents, split)
+  return documents
 
 
 def _split_tsv(lines: list[str], path: str) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """SentencePiece tokenizer with one vocabulary shared by source and target (paper §5.1).
 
-The model is trained once from a seeded, bounded sample of the training pairs (both sides),
+The model is trained once from a seeded, bounded sample of the training pairs (both sides) or documents,
 saved atomically in the workdir (`Workdir.tokenizer_model`), and reused from there by later runs
 and by evaluation, so training, restarts and evaluation all see the same ids.
 """
@@ -31,7 +31,7 @@ def default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       'vocab_size': 8000,  # number of pieces incl. the 4 reserved ids; WMT configs use 37000
       'model_type': 'bpe',  # 'bpe' (paper) or 'unigram'
-      'sample_size': 400_000,  # max sentences (both sides counted) sampled to train on
+      'sample_size': 400_000,  # max sentences (both sides counted; or documents) sampled to train on
       'seed': 0,  # seeds the choice of the training sample
       'character_coverage': 1.0,  # keep every character seen in the sample
   })
@@ -79,15 +79,16 @@ def _trainer_spec(model_proto: bytes):
   return proto.trainer_spec
 
 
-def _sample_sentences(train_pairs: Sequence[tuple[str, str]], sample_size: int,
+def _sample_sentences(train_pairs: Sequence[tuple[str, str]] | Sequence[str], sample_size: int,
                       seed: int) -> Iterator[str]:
-  """Both sides of at most ceil(sample_size / 2) pairs chosen without replacement (seeded)."""
-  num_pairs = min(len(train_pairs), (sample_size + 1) // 2)
-  indices = np.random.default_rng(seed).choice(len(train_pairs), num_pairs, replace=False)
+  """Both sides of at most ceil(sample_size / 2) pairs, or at most sample_size documents (str), chosen without
+  replacement (seeded)."""
+  texts_per_item = 1 if isinstance(train_pairs[0], str) else 2
+  count = min(len(train_pairs), -(-sample_size // texts_per_item))
+  indices = np.random.default_rng(seed).choice(len(train_pairs), count, replace=False)
   for i in np.sort(indices):
-    source, target = train_pairs[int(i)]
-    yield source
-    yield target
+    item = train_pairs[int(i)]
+    yield from (item,) if texts_per_item == 1 else item
 
 
 def validate(config: ml_collections.ConfigDict):
@@ -101,8 +102,8 @@ def validate(config: ml_collections.ConfigDict):
 
 
 def train_tokenizer(config: ml_collections.ConfigDict,
-                    train_pairs: Sequence[tuple[str, str]]) -> bytes:
-  """Trains a SentencePiece model on a sample of both sides of `train_pairs`; returns its bytes."""
+                    train_pairs: Sequence[tuple[str, str]] | Sequence[str]) -> bytes:
+  """Trains a SentencePiece model on a sample of both sides of `train_pairs` (or of documents); returns its bytes."""
   validate(config)
   if len(train_pairs) == 0:
     raise ValueError('Cannot train a tokenizer on an empty training split; check the data config.')

@@ -96,6 +96,9 @@ def check_exportable(model_config: ModelConfig, quantization: str | None = None,
     raise ValueError(f'{out_dir} exists and is not an empty directory: pass a new export directory.')
   if quantization not in QUANTIZATIONS:
     raise ValueError(f'quantization={quantization!r}: use one of {QUANTIZATIONS}.')
+  if model_config.decoder_only:
+    raise ValueError('the export writes CTranslate2\'s encoder-decoder Transformer, and this is a decoder-only '
+                     'language model: export a translation model.')
   if model_config.head_dim_k != model_config.head_dim_v:
     raise ValueError(
         f'CTranslate2 splits one fused key/value projection into equal halves, so it needs d_k == d_v (got '

@@ -13,7 +13,6 @@ from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import export
 from transformer_jax import inference
-from transformer_jax import reporting
 from transformer_jax.model_config import ModelConfig
 
 _CHECKPOINTS = cli.CheckpointFlags()
@@ -30,8 +29,8 @@ def main(argv):
   if len(runs) > 1:
     raise ValueError('an export holds one model, not an ensemble: pass one --workdir and at most one --step.')
   (workdir, step), = runs
-  reporting.quiet_library_logs()
   config = config_lib.of_run(workdir)
+  config.model.scan_layers = False  # the export reads layer by layer: a scanned run's params are converted
   export.check_exportable(ModelConfig.from_dict(config.model), _QUANTIZATION.value, _OUT.value)
   restored = inference.restore(config, workdir, step=step, average_last=_CHECKPOINTS.average_last)
   out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer.path, _OUT.value,
