@@ -2,6 +2,7 @@
 
 import os
 
+import jax
 from absl import app
 from absl import flags
 from absl import logging
@@ -31,6 +32,9 @@ def main(argv):
     from transformer_jax import config, scoring, trainer  # pylint: disable=import-outside-toplevel
     config.validate(_CONFIG.value)
     logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
+    if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR, if set, wins
+      jax.config.update('jax_compilation_cache_dir', trainer.compilation_cache_dir(_CONFIG.value.train, _WORKDIR.value))
+    logging.info('compilation cache: %s', jax.config.jax_compilation_cache_dir)
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop)
     if result['metrics'].get('step') != _CONFIG.value.train.num_steps:
       return

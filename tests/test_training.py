@@ -4,6 +4,8 @@ and stop the loop with a message (or are skipped); the logs; and one-line errors
 
 import functools
 import glob
+import itertools
+import json
 import math
 import os
 import shutil
@@ -20,7 +22,8 @@ from tensorboardX.proto import event_pb2
 
 import helpers
 from transformer_jax import checkpoint, metrics, sharding, steps, trainer
-from transformer_jax.data import sources
+from transformer_jax.data import pipeline, sources
+from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.workdir import Workdir
 
 # --- loss, accuracy, perplexity
@@ -341,3 +344,29 @@ def test_the_dispatch_window_waits_for_the_oldest_step_only():
   for step in range(1, 6):
     window.add(Output(step))
     assert waited == list(range(1, max(step - 2, 0) + 1))  # the host never has more than 2 steps in flight
+
+
+def test_every_bucket_shape_compiles_before_the_first_step(tmp_path):
+  """Token budgets with four length buckets: one compile record, before step 1, for all four shapes."""
+  workdir = str(tmp_path / 'buckets')
+  trainer.train_and_evaluate(helpers.tiny_config(pipeline__batching='token_budget', train__num_steps=6), workdir)
+  with open(Workdir(workdir).metrics_file) as f:
+    records = [json.loads(line) for line in f]
+  compiles = [r for r in records if r['split'] == 'compile']
+  assert [r['step'] for r in compiles] == [0]
+  widths = {len(batch['inputs'][0]) for batch in itertools.islice(iter(pipeline.make_train_dataset(
+      sources.load_split(helpers.tiny_config().data, 'train'), tokenizer_lib.load_tokenizer(
+          Workdir(workdir).tokenizer_model), helpers.tiny_config(pipeline__batching='token_budget').pipeline)), 40)}
+  assert len(widths) > 1  # the run did meet several bucket shapes, none of them compiled mid-run
+
+
+@pytest.mark.slow
+def test_train_py_keeps_compiled_programs_beside_the_workdir_by_default(tmp_path):
+  env = {k: v for k, v in helpers.subprocess_env().items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  workdir = tmp_path / 'run'
+  result = subprocess.run(helpers.train_command(str(workdir), train__num_steps=4), cwd=helpers.REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  cache = tmp_path / 'jax_compilation_cache'
+  assert f'compilation cache: {cache}' in result.stderr
+  assert any(cache.iterdir())  # the train step (and more) stored for the next run

@@ -16,7 +16,6 @@ from absl import flags
 from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import inference
-from transformer_jax import reporting
 from transformer_jax.model_config import ModelConfig
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
@@ -38,7 +37,6 @@ _SAMPLING = {
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; prompts come from --prompt or standard input.')
-  reporting.quiet_library_logs()
   config = config_lib.of_run(_WORKDIR.value)
   model = ModelConfig.from_dict(config.model)
   if not model.decoder_only:

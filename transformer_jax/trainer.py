@@ -5,10 +5,13 @@ teacher-forced evaluation through `scoring`; the run directory's layout through 
 """
 
 import collections
+import concurrent.futures
 import contextlib
+import os
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
@@ -46,6 +49,8 @@ def default_config() -> ml_collections.ConfigDict:
       'keep_checkpoints': 5,  # at least the number averaged at the end (eval.average_last)
       'async_checkpoints': True,
       'max_steps_ahead': 2,  # dispatched steps the host may run ahead of the device: how soon a stop is honoured
+      # Compiled programs persist here across runs (train.py; None: jax_compilation_cache beside the workdir).
+      'compilation_cache_dir': ml_collections.config_dict.placeholder(str),
   })
 
 
@@ -59,6 +64,12 @@ def validate(train: ml_collections.ConfigDict) -> None:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}.')
   if not 0.0 <= train.label_smoothing < 1.0:
     raise ValueError(f'train.label_smoothing must be in [0, 1), got {train.label_smoothing}.')
+
+
+def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str:
+  """Where compiled programs persist: `train.compilation_cache_dir`, else `jax_compilation_cache` in the workdir's
+  parent (shared by the runs of a sweep, which compile the same programs)."""
+  return train.compilation_cache_dir or os.path.join(os.path.dirname(os.path.abspath(workdir)), 'jax_compilation_cache')
 
 
 class NonFiniteLossError(RuntimeError):
@@ -80,17 +91,31 @@ class DispatchWindow:
 
 
 class _CompiledSteps:
-  """Compiles the train step once per batch shape (token-budget batches have a few); reports the time."""
+  """The train step compiled for every batch shape of the run before the first step (token budgets have one per
+  length bucket): lowered in turn, compiled in parallel (XLA compiles outside the GIL), the time reported. A
+  shape nobody foresaw still compiles when it comes, and is reported as such."""
 
-  def __init__(self, jitted, report: reporting.TrainReport):
-    self._jitted, self._report, self._compiled = jitted, report, {}
+  def __init__(self, jitted, state, shapes, mesh, report: reporting.TrainReport, step: int):
+    self._jitted, self._report = jitted, report
+    batch_sharding = sharding.batch_sharding(mesh)
+    start = time.time()
+    lowered = {self._key(shape): jitted.lower(state, {k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=batch_sharding)
+                                                      for k, v in shape.items()})
+               for shape in shapes}
+    with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
+      self._compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
+    report.compilation(step, time.time() - start, f'the train step for {len(shapes)} batch shape(s)')
+
+  @staticmethod
+  def _key(shapes: dict) -> tuple:
+    return tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
 
   def __call__(self, state, batch, step: int):
-    key = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    key = self._key({k: v.shape for k, v in batch.items()})
     if key not in self._compiled:
       start = time.time()
       self._compiled[key] = self._jitted.lower(state, batch).compile()
-      self._report.compilation(step, time.time() - start, f'the train step for batch {batch["targets"].shape}')
+      self._report.compilation(step, time.time() - start, f'an unforeseen batch shape {dict(key)} mid-run')
     return self._compiled[key](state, batch)
 
 
@@ -162,7 +187,10 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
     report.log(f'resumed from step {latest} in {run_dir.checkpoints}')
 
   # --- jitted steps
-  train_fn = _CompiledSteps(steps.jit_train_step(model, tx, schedule, train_cfg, state_shardings, mesh), report)
+  sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
+  with sharding.activate(mesh, rules):
+    train_fn = _CompiledSteps(steps.jit_train_step(model, tx, schedule, train_cfg, state_shardings, mesh), state,
+                              pipeline.batch_shapes(config.pipeline, sides, jax.process_count()), mesh, report, step)
   as_members = lambda params: (ensemble.Member(model, params),)  # what teacher-forced evaluation takes
   eval_fn = steps.jit_eval_step(train_cfg.label_smoothing, as_members(state_shardings.params), mesh)
 

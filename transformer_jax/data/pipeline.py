@@ -238,6 +238,19 @@ def validate(config: ml_collections.ConfigDict, process_count: int = 1) -> None:
     bucket_batch_sizes(config, process_count)
 
 
+def batch_shapes(config: ml_collections.ConfigDict, sides=SIDES,
+                 process_count: int = 1) -> list[dict[str, tuple[int, int]]]:
+  """The global shape of every field of every training batch the `pipeline` section yields on `process_count`
+  hosts: one batch shape when packed, one per length bucket with token budgets. `sides`: ('targets',) for a
+  language model."""
+  if config.batching == 'packed':
+    row_lengths = [(config.batch_size, config.packed_length)]
+  else:
+    row_lengths = list(zip(bucket_batch_sizes(config, process_count), config.bucket_boundaries))
+  keys = [key for key in BATCH_KEYS if key.startswith(tuple(sides))]
+  return [{key: shape for key in keys} for shape in row_lengths]
+
+
 def _check_hosts(process_index: int, process_count: int):
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index={process_index} is not in [0, process_count={process_count});'
