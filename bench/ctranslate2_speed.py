@@ -27,10 +27,10 @@ from absl import app
 from absl import flags
 
 from bench import common
-from transformer_jax import evaluation
+from transformer_jax import config as config_lib
+from transformer_jax import inference
 from transformer_jax import export
 from transformer_jax import scores
-from transformer_jax import trainer
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.tokens import EOS_ID, PAD_ID
@@ -53,8 +53,8 @@ def _until_eos(ids) -> list[int]:
 
 def main(argv):
   del argv
-  config = trainer.load_saved_config(_WORKDIR.value)
-  restored = evaluation.restore(config, _WORKDIR.value)
+  config = config_lib.of_run(_WORKDIR.value)
+  restored = inference.restore(config, _WORKDIR.value)
   tok = restored.tokenizer
   sp = spm.SentencePieceProcessor(model_file=tok.path)
   split = sources.load_split(config.data, config.eval.test_split)
@@ -76,9 +76,8 @@ def main(argv):
       method, beam = ('greedy', 1) if decoding == 'greedy' else ('beam', 4)
       out = {}
       for inputs, batch_rows in zip(device_inputs, rows):
-        tokens, _ = evaluation.generate(restored.params, inputs, jax.random.key(0), model=restored.model,
-                                        method=method, beam_size=beam, alpha=alpha,
-                                        max_decode_len=inputs.shape[1] + offset)
+        tokens, _ = inference.generate(restored.members, inputs, jax.random.key(0), method=method, beam_size=beam,
+                                       alpha=alpha, max_decode_len=inputs.shape[1] + offset)
         tokens = np.asarray(jax.block_until_ready(tokens))[:, 0]
         out.update((index, _until_eos(tokens[r])) for r, (_, index) in enumerate(batch_rows))
       return out

@@ -45,9 +45,8 @@ def main(argv):
   max_len = batch['inputs'].shape[1] + config.decode.max_len_offset
 
   def run(method, beam, use_cache):
-    tokens, _ = inference.generate(restored.params, inputs, jax.random.key(0), model=restored.model, method=method,
-                                    beam_size=beam, alpha=config.decode.alpha, max_decode_len=max_len,
-                                    use_cache=use_cache)
+    tokens, _ = inference.generate(restored.members, inputs, jax.random.key(0), method=method, beam_size=beam,
+                                    alpha=config.decode.alpha, max_decode_len=max_len, use_cache=use_cache)
     return np.asarray(jax.block_until_ready(tokens))[:, 0]
 
   with restored.on_mesh():

@@ -21,7 +21,7 @@ from absl import flags
 
 from transformer_jax import config as config_lib
 from transformer_jax import sharding, steps
-from transformer_jax.model import make_model
+from transformer_jax.model import init_inputs, make_model
 from transformer_jax.workdir import Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,6 +187,15 @@ def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, se
       batch[f'{key}_positions'] = np.where(real, positions, 0).astype(np.int32)
     batches.append(batch)
   return batches
+
+
+def perturbed_params(cfg, seed: int, scale: float = 0.1):
+  """Random params of the model of `cfg` (a ModelConfig) with every leaf perturbed by `scale` × N(0, 1), so
+  biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models."""
+  params = nn.unbox(make_model(cfg).init(jax.random.key(seed), **init_inputs(cfg, (1, 4)))['params'])
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
 def one_device_mesh(config: ml_collections.ConfigDict):

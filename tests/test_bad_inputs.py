@@ -15,6 +15,7 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
+from transformer_jax import ensemble
 from transformer_jax import files
 from transformer_jax import inference
 from transformer_jax import sweep
@@ -187,8 +188,8 @@ def test_learned_positions_decode_within_the_table_and_never_nan():
   max_decode_len = cfg.decode_length(inputs.shape[1], max_len_offset=50)
   assert max_decode_len == 12  # input + 50, capped at the 12 positions the table has
   for method in ('beam', 'greedy'):
-    tokens, scores = inference.generate(params, inputs, jax.random.key(0), model=model, method=method,
-                                        max_decode_len=max_decode_len)
+    tokens, scores = inference.generate((ensemble.Member(model, params),), inputs, jax.random.key(0),
+                                        method=method, max_decode_len=max_decode_len)
     assert tokens.shape[-1] == 12 and np.all(np.isfinite(np.asarray(scores)))
   encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
   assert np.all(np.isfinite(np.asarray(encoded)))
@@ -238,6 +239,20 @@ def _run(args, stdin=None, **env):
      'CFG/train.source does not exist: fix data config key files.train.source'),
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
+    (['eval.py', f'--workdir={LEGACY}', f'--workdir={LEGACY}', '--step=2', '--step=4'],
+     'repeat --workdir (an ensemble of runs) or --step (an ensemble of steps of one run), not both.'),
+    (['eval.py', f'--workdir={LEGACY}', f'--workdir={LEGACY}', '--save_averaged'], '--save_averaged saves one run'),
+    (['eval.py', f'--workdir={LEGACY}', '--compare_samples=10'], 'pass --compare_to too.'),
+    (['eval.py', f'--workdir={LEGACY}', '--compare_to=CFG/nope.txt'], 'no such file: CFG/nope.txt'),
+    (['-m', 'transformer_jax.translate'], '--engine=jax translates with a run\'s checkpoints: pass --workdir=DIR'),
+    (['-m', 'transformer_jax.translate', '--engine=ctranslate2', f'--workdir={LEGACY}'],
+     '--engine=ctranslate2 translates with an export: pass --model=DIR'),
+    (['-m', 'transformer_jax.translate', '--engine=ctranslate2', '--model=CFG'], 'CFG holds no transformer_jax.json'),
+    (['-m', 'transformer_jax.export', f'--workdir={LEGACY}', '--out=W', '--quantization=int4'],
+     'flag --quantization=int4: value should be one of <float32|int8|int8_float16|float16>'),
+    (['-m', 'transformer_jax.export', f'--workdir={LEGACY}', f'--workdir={LEGACY}', '--out=W'],
+     'an export holds one model, not an ensemble'),
+    (['-m', 'transformer_jax.export', f'--workdir={LEGACY}', '--out=CFG'], 'CFG exists and is not an empty directory'),
     (['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--beam_size=0'],
      'flag --beam_size=0: 0 is not a positive integer'),
     (['-m', 'transformer_jax.attention_plots', '--workdir=W', '--sentence=Hi'], 'workdir W does not exist'),

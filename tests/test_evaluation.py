@@ -129,14 +129,14 @@ def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
   config, workdir = trained
   restored = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
   inputs = _inputs(restored, SENTENCES)
-  kw = dict(model=restored.model, max_decode_len=20)
-  greedy, _ = inference.generate(restored.params, inputs, jax.random.key(0), method='greedy', **kw)
-  beam1, _ = inference.generate(restored.params, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
+  kw = dict(max_decode_len=20)
+  greedy, _ = inference.generate(restored.members, inputs, jax.random.key(0), method='greedy', **kw)
+  beam1, _ = inference.generate(restored.members, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
                                  **kw)
   np.testing.assert_array_equal(greedy, beam1)
   for method in ('greedy', 'beam'):
-    cached, s1 = inference.generate(restored.params, inputs, jax.random.key(0), method=method, **kw)
-    uncached, s2 = inference.generate(restored.params, inputs, jax.random.key(0), method=method, use_cache=False,
+    cached, s1 = inference.generate(restored.members, inputs, jax.random.key(0), method=method, **kw)
+    uncached, s2 = inference.generate(restored.members, inputs, jax.random.key(0), method=method, use_cache=False,
                                        **kw)
     np.testing.assert_array_equal(cached, uncached)
     np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-4)

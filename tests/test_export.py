@@ -6,9 +6,7 @@ import subprocess
 import sys
 
 import ctranslate2
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -18,6 +16,7 @@ from transformer_jax import export
 from transformer_jax import scores
 from transformer_jax import sharding
 from transformer_jax import trainer
+from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -71,8 +70,8 @@ def _test_sources(config, count=SENTENCES) -> list[str]:
 def _our_greedy(restored, inputs: np.ndarray, max_decode_len: int) -> list[list[int]]:
   with restored.on_mesh():
     batch = jax.make_array_from_process_local_data(sharding.batch_sharding(restored.mesh), inputs)
-    tokens, _ = inference.generate(restored.params, batch, jax.random.key(0), model=restored.model,
-                                    method='greedy', max_decode_len=max_decode_len)
+    tokens, _ = inference.generate(restored.members, batch, jax.random.key(0), method='greedy',
+                                    max_decode_len=max_decode_len)
   return [_ids_until_eos(row) for row in np.asarray(tokens)[:, 0]]
 
 
@@ -95,16 +94,6 @@ def test_float32_export_decodes_greedily_as_we_do_token_for_token(trained, tmp_p
   theirs = _ct2_greedy(tmp_path / 'ct2', sp, lines, max_decode_len)
   assert len({tuple(ids) for ids in ours}) >= SENTENCES // 4  # not one output for every sentence
   assert theirs == ours
-
-
-def _variant_params(cfg: ModelConfig, seed: int):
-  """Random params of `cfg` with every leaf perturbed, so biases and LayerNorm parameters are not 0 and 1."""
-  model = Transformer(cfg)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(seed), tokens, tokens)['params'])
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  return jax.tree.unflatten(tree, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
 def _our_log_probs(cfg, params, sources_ids, target_ids) -> list[np.ndarray]:
@@ -132,7 +121,7 @@ def test_exported_model_scores_targets_as_ours_does(trained, tmp_path, variant):
   sp = spm.SentencePieceProcessor(model_file=spm_path)
   cfg = ModelConfig(vocab_size=VOCAB, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                     num_decoder_layers=2, max_len=32, **VARIANTS[variant])
-  params = _variant_params(cfg, seed=len(variant))
+  params = helpers.perturbed_params(cfg, seed=len(variant))
   split = sources.load_split(config.data, 'test')
   pairs = [(sp.encode(s), sp.encode(t)) for s, t in (split[i] for i in range(40))]
   pairs = [(s, t) for s, t in pairs if max(len(s), len(t)) < cfg.max_len][:8]  # learned positions: max_len
@@ -150,7 +139,8 @@ def test_directory_holds_the_vocabulary_in_id_order_and_the_sentencepiece_model(
   config, workdir = trained
   restored = _restore(config, workdir)
   out = export.export_ctranslate2(config.model, restored.params, restored.tokenizer.path, tmp_path / 'm')
-  assert sorted(os.listdir(out)) == ['config.json', 'model.bin', 'shared_vocabulary.json', 'spm.model']
+  assert sorted(os.listdir(out)) == ['config.json', 'model.bin', 'shared_vocabulary.json', 'spm.model',
+                                     export.SETTINGS_FILE]
   assert sorted(os.listdir(tmp_path)) == ['m']  # no staging directory left behind
   umask = os.umask(0)
   os.umask(umask)
@@ -206,7 +196,7 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
   base = dict(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
               max_len=32)
   # Only the last case gets as far as reading params: the others must refuse before looking at them.
-  params = _variant_params(ModelConfig(**base), seed=0) if change.get('norm') else {}
+  params = helpers.perturbed_params(ModelConfig(**base), seed=0) if change.get('norm') else {}
   with pytest.raises(ValueError, match=message) as error:
     export.export_ctranslate2(ModelConfig(**{**base, **change}), params, spm_path, out, quantization=quantization)
   assert '\n' not in str(error.value)
@@ -241,3 +231,48 @@ def test_int8_bleu_is_within_one_point_of_float32(tmp_path):
   print(f'test BLEU on {len(lines)} sentences, beam 4: CTranslate2 {bleu}')
   assert bleu['float32'] > 50  # trained far enough for the comparison to mean something
   assert abs(bleu['int8'] - bleu['float32']) <= 1.0
+
+
+def _command(args, stdin=None):
+  return subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, text=True,
+                        timeout=300, env=helpers.subprocess_env())
+
+
+@pytest.mark.slow
+def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_greedy_search(trained, tmp_path):
+  config, workdir = trained
+  out = tmp_path / 'ct2'
+  result = _command(['-m', 'transformer_jax.export', f'--workdir={workdir}', '--format=ctranslate2', f'--out={out}'])
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert ctranslate2.Translator(str(out), device='cpu').compute_type == 'float32'
+  with open(out / export.SETTINGS_FILE, encoding='utf-8') as f:
+    settings = json.load(f)
+  assert settings['decode'] == config.decode.to_dict() and settings['model']['d_model'] == 32
+  lines = _test_sources(config)
+  result = _command(['-m', 'transformer_jax.translate', '--engine=ctranslate2', f'--model={out}', '--method=greedy'],
+                    ''.join(line + '\n' for line in lines[:3] + [''] + lines[3:]))
+  assert result.returncode == 0, result.stderr[-2000:]
+  served = result.stdout.split('\n')
+  assert len(served) == len(lines) + 2 and served[3] == '' and served[-1] == ''  # one line out per line in
+  served = served[:3] + served[4:-1]
+  sp = spm.SentencePieceProcessor(model_file=str(out / export.SPM_FILE))
+  longest = max(len(sp.encode(line)) + 1 for line in lines)  # with EOS; the lines make one batch
+  max_decode_len = pipeline.padded_length(longest) + config.decode.max_len_offset  # as both engines limit it
+  assert served == [sp.decode(ids) for ids in _ct2_greedy(out, sp, lines, max_decode_len)]
+  assert served == inference.translate_lines(_restore(config, workdir), lines, method='greedy')
+  assert len(set(served)) >= SENTENCES // 4
+
+
+@pytest.mark.slow
+def test_the_export_command_refuses_a_model_ct2_cannot_represent_before_restoring_it(trained, tmp_path):
+  _, workdir = trained
+  with open(Workdir(workdir).config_file, encoding='utf-8') as f:
+    saved = json.load(f)
+  saved['model'].update(d_k=4, d_v=8)
+  run = tmp_path / 'run'  # a config and no checkpoints: the refusal comes first
+  run.mkdir()
+  (run / 'config.json').write_text(json.dumps(saved), encoding='utf-8')
+  result = _command(['-m', 'transformer_jax.export', f'--workdir={run}', f'--out={tmp_path / "out"}'])
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 1 and len(lines) == 1 and 'needs d_k == d_v' in lines[0]
+  assert not (tmp_path / 'out').exists()

@@ -16,6 +16,7 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
+from transformer_jax import ensemble
 from transformer_jax import inference
 from transformer_jax import metrics
 from transformer_jax import scoring
@@ -101,19 +102,19 @@ def test_cached_generation_equals_the_uncached_forward_pass(name):
   cfg = VARIANTS[name]
   model, params = _init(cfg, helpers.tokens(0, (1, 4)))
   prompts, steps = _prompt_batch(PROMPTS, 8), 6
-  kw = dict(model=model.module, max_decode_len=steps)
-  greedy, _ = inference.generate(params, prompts, jax.random.key(0), method='greedy', **kw)
-  uncached, _ = inference.generate(params, prompts, jax.random.key(0), method='greedy', use_cache=False, **kw)
+  members, kw = (ensemble.Member(model.module, params),), dict(max_decode_len=steps)
+  greedy, _ = inference.generate(members, prompts, jax.random.key(0), method='greedy', **kw)
+  uncached, _ = inference.generate(members, prompts, jax.random.key(0), method='greedy', use_cache=False, **kw)
   np.testing.assert_array_equal(greedy, uncached)
   for row, prompt in enumerate(PROMPTS):
     expected = _greedy_by_forward_passes(model, params, prompt, steps)
     np.testing.assert_array_equal(np.asarray(greedy)[row, 0, :len(expected)], expected)
   # Beam scores are sums of log-probabilities: the cached and uncached logits agree in value, not only in argmax.
-  beams = [inference.generate(params, prompts, jax.random.key(0), method='beam', beam_size=3, use_cache=use, **kw)
+  beams = [inference.generate(members, prompts, jax.random.key(0), method='beam', beam_size=3, use_cache=use, **kw)
            for use in (True, False)]
   np.testing.assert_array_equal(beams[0][0], beams[1][0])
   np.testing.assert_allclose(beams[0][1], beams[1][1], rtol=1e-4, atol=1e-4)
-  sampled = [inference.generate(params, prompts, jax.random.key(3), method='sample', use_cache=use, **kw)[0]
+  sampled = [inference.generate(members, prompts, jax.random.key(3), method='sample', use_cache=use, **kw)[0]
              for use in (True, False)]
   np.testing.assert_array_equal(*sampled)
 

@@ -3,15 +3,22 @@
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from transformer_jax import config as config_lib
+from transformer_jax import inference
 from transformer_jax import scores
 from transformer_jax import scoring
-from transformer_jax.workdir import Workdir
+from transformer_jax import significance
+from transformer_jax.data import sources
 from transformer_jax.significance import compare_systems, read_hypotheses
+from transformer_jax.workdir import Workdir
+
+LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')
 
 N = 200  # resamples / trials: enough for stable numbers on the small corpus, fast enough for a unit test
 
@@ -131,9 +138,9 @@ def test_reads_the_hypotheses_a_results_json_names(tmp_path):
     [
         ('missing.txt', None, 'no such file'),
         ('hyps.txt', b'a\nb\n', 'has 2 lines but the references have 3'),
-        ('hyps.txt', 'a\nb\nc\xe4\n'.encode('latin-1'), r'not UTF-8 \(line 3\)'),
+        ('hyps.txt', 'a\nb\nc\xe4\n'.encode('latin-1'), 'line 3 is not valid UTF-8'),
         ('results.json', b'{"bleu": 1.0}', "'translations'"),
-        ('results.json', b'not json', "'translations'"),
+        ('results.json', b'not json', 'is not valid JSON'),
         ('results.json', b'{"translations": {"hyp": "/nowhere/test.hyp.txt"}}', 'which is not there'),
     ],
 )
@@ -144,3 +151,43 @@ def test_unreadable_hypotheses_are_one_line_errors(tmp_path, name, content, mess
   with pytest.raises(ValueError, match=message) as error:
     read_hypotheses(path, 3)
   assert '\n' not in str(error.value)
+
+
+def test_evaluation_stores_and_prints_the_paired_test_of_the_files_it_wrote(tmp_path):
+  """What eval.py --compare_to=BASELINE runs: `evaluate_split` with a `Comparison`."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(LEGACY, workdir)
+  config = config_lib.of_run(workdir)
+  references = [target for _, target in sources.load_split(config.data, 'validation')]  # its eval.test_split
+  baseline = tmp_path / 'baseline.txt'
+  baseline.write_text(''.join(' '.join(ref.split()[::2]) + '\n' for ref in references), encoding='utf-8')
+  comparison = significance.Comparison(str(baseline), samples=N)
+  results = scoring.evaluate_split(inference.restore(config, workdir), workdir, 'validation', comparison)
+  with open(Workdir(workdir).final_results_file, encoding='utf-8') as f:
+    saved = json.load(f)
+  written = {kind: read_hypotheses(path, len(references)) for kind, path in saved['translations'].items()}
+  expected = compare_systems(read_hypotheses(baseline, len(references)), written['hyp'], written['ref'], n=N)
+  assert saved['comparison'] == results['comparison'] == {'baseline_path': str(baseline), **expected}
+  assert expected['bleu']['difference'] < 0  # the 4-step legacy model translates worse than half the reference
+  text = scoring.describe(results, 0)
+  for metric in ('bleu', 'chrf'):
+    numbers = expected[metric]
+    low, high = numbers['difference_ci']
+    assert (f'{numbers["baseline"]:.2f}  ' in text and f'{numbers["difference"]:+.2f}' in text
+            and f'[{low:+.2f}, {high:+.2f}]' in text and f'{numbers["p_value"]:.4f}' in text)
+
+
+def test_a_baseline_of_another_test_set_stops_evaluation_before_it_decodes(tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(LEGACY, workdir)
+  restored = inference.restore(config_lib.of_run(workdir), workdir)
+  baseline = tmp_path / 'baseline.txt'
+  baseline.write_text('one line\n', encoding='utf-8')
+  with pytest.raises(ValueError, match=f'{baseline} has 1 lines but the references have 16'):
+    scoring.evaluate_split(restored, workdir, 'validation', significance.Comparison(str(baseline)))
+  assert not os.path.exists(os.path.join(workdir, 'translations'))
+  # Settings and the file itself are checked when the comparison is made, before any restore.
+  with pytest.raises(ValueError, match='no such file'):
+    significance.Comparison(str(tmp_path / 'missing.txt'))
+  with pytest.raises(ValueError, match='positive integer'):
+    significance.Comparison(str(baseline), seed=0)

@@ -24,6 +24,7 @@ import time
 import jax
 import ml_collections
 
+from transformer_jax import ensemble
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import sharding
 from transformer_jax import steps
@@ -346,8 +347,10 @@ def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
   width = -(-model.config.max_len // 16) * 16  # evaluation pads to multiples of 16 (pipeline.make_eval_batches)
   eval_shapes = {k: (config.eval.batch_size, width) for k in next(iter(pipeline.batch_shapes(config.pipeline,
                                                                                                sides)))}
-  eval_step = steps.jit_eval_step(model, config.train.label_smoothing, state_shardings.params, mesh)
-  programs.append(Program(eval_step, (abstract.params, abstract_batch(eval_shapes)), {'params': abstract.params},
+  eval_step = steps.jit_eval_step(config.train.label_smoothing, ensemble.of_one(model, state_shardings.params),
+                                  mesh)
+  programs.append(Program(eval_step, (ensemble.of_one(model, abstract.params), abstract_batch(eval_shapes)),
+                          {'params': abstract.params},
                           metrics_lib.train_flops(model.config, config.eval.batch_size, width, width) / 3, mesh,
                           rules, f'eval step, batch {config.eval.batch_size}×{width}'))
   return programs

@@ -52,6 +52,42 @@ def overrides() -> dict:
   return dict(config_flags.get_override_values(flags.FLAGS['config']))
 
 
+class CheckpointFlags:
+  """--workdir, --step and --average_last: the checkpoints a tool uses. One model, or (where the tool takes one)
+  an ensemble of several runs (--workdir repeated, each at --step if one is given) or of several steps of one run
+  (--step repeated); --average_last averages the last K checkpoints of every member."""
+
+  def __init__(self, workdir_required: bool = True):
+    self._workdirs = flags.DEFINE_multi_string(
+        'workdir', None, 'The training run\'s workdir; repeat it for an ensemble of runs.', required=workdir_required)
+    self._steps = flags.DEFINE_multi_integer(
+        'step', None, 'Checkpoint step (default: the latest); repeat it for an ensemble of steps of one run.',
+        lower_bound=0)
+    self._average_last = flags.DEFINE_integer(
+        'average_last', None, 'Average the params of the last K checkpoints (§6.1), of every member.', lower_bound=1)
+    flags.register_validator('step', lambda steps: not steps or self._average_last.value is None,
+                             message='pass either --step or --average_last, not both.')
+    flags.register_multi_flags_validator(
+        ['workdir', 'step'], lambda values: len(values['workdir'] or ()) < 2 or len(values['step'] or ()) < 2,
+        message='repeat --workdir (an ensemble of runs) or --step (an ensemble of steps of one run), not both.')
+
+  @property
+  def given(self) -> bool:
+    """Whether any of the flags is on the command line."""
+    return bool(self._workdirs.value or self._steps.value or self._average_last.value)
+
+  def runs(self) -> list[tuple[str, int | None]]:
+    """(workdir, step) of every member, in order; step None: the newest checkpoint that restores."""
+    workdirs, steps = self._workdirs.value, self._steps.value or [None]
+    if len(workdirs) > 1:
+      return [(workdir, steps[0]) for workdir in workdirs]
+    return [(workdirs[0], step) for step in steps]
+
+  @property
+  def average_last(self) -> int | None:
+    return self._average_last.value
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing (`app.run(main, flags_parser=parse_flags)`) whose errors are one line."""
   try:

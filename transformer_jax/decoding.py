@@ -9,7 +9,8 @@ ends a sequence is kept and every position after it is PAD_ID.
 The cache is any pytree. Every leaf with ndim >= 1 is per-row: its leading dimension is the number
 of rows logits_fn is called with, and decoding reorders it when beams are reordered. Leaves with
 ndim 0 (e.g. a step counter) are shared by all rows and left alone. All three functions take the
-cache for `batch_size` rows; `beam_search` expands it to batch*beam rows itself.
+cache for `batch_size` rows; `beam_search` expands it to batch*beam rows itself. An ensemble is one
+logits_fn too (`ensemble.logits_fn`: a tuple of the members' caches).
 """
 
 from typing import Any, Callable, NamedTuple

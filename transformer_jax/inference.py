@@ -1,5 +1,5 @@
-"""Inference: restore (or average) params onto any mesh, translate with beam search, greedy or sampling, and
-continue prompts with a language model.
+"""Inference: restore (or average) params onto any mesh, one model or an ensemble, translate with beam search,
+greedy or sampling, and continue prompts with a language model.
 
 Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate`,
 `transformer_jax.generate` and `transformer_jax.attention_plots`. Never imports the training loop.
@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
 from transformer_jax import decoding
+from transformer_jax import ensemble
 from transformer_jax import layer_layout
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
@@ -59,19 +60,56 @@ def validate(decode: ml_collections.ConfigDict) -> None:
 
 @dataclasses.dataclass
 class Restored:
-  """What inference needs: the model, its params (sharded on `mesh`), the tokenizer, and their provenance."""
+  """What inference needs: one model or an ensemble (members sharded on `mesh`), the tokenizer they share, and
+  where each member's params come from."""
 
-  config: ml_collections.ConfigDict
-  model: Transformer | LanguageModel
-  params: dict
+  config: ml_collections.ConfigDict  # the first member's run: its decode, eval and data settings serve them all
+  members: tuple[ensemble.Member, ...]
+  origins: tuple[dict, ...]  # per member {'workdir', 'steps'}: the checkpoint step(s) of its params (averaged)
   tokenizer: tokenizer_lib.Tokenizer
   mesh: jax.sharding.Mesh
   rules: tuple
-  steps: list[int]  # the checkpoint step(s) the params come from (several when averaged)
 
   def on_mesh(self):
     """Traces and runs under this mesh with the logical-axis rules, as training does."""
     return sharding.activate(self.mesh, self.rules)
+
+  @property
+  def is_ensemble(self) -> bool:
+    return len(self.members) > 1
+
+  def _single(self) -> int:
+    if self.is_ensemble:
+      raise ValueError(f'this takes one model, not an ensemble of {len(self.members)}: pass one --workdir and at '
+                       'most one --step.')
+    return 0
+
+  @property
+  def model(self) -> Transformer | LanguageModel:
+    return self.members[self._single()].model
+
+  @property
+  def params(self) -> dict:
+    return self.members[self._single()].params
+
+  @property
+  def steps(self) -> list[int]:
+    return self.origins[self._single()]['steps']
+
+  @property
+  def max_len(self) -> int:
+    """The longest sequence every member accepts (`model.max_len`)."""
+    return min(m.model.config.max_len for m in self.members)
+
+  @property
+  def position_limit(self) -> int | None:
+    """The most tokens every member's positions cover (`ModelConfig.position_limit`; None: no limit)."""
+    limits = [m.model.config.position_limit for m in self.members if m.model.config.position_limit is not None]
+    return min(limits, default=None)
+
+  def decode_length(self, input_length: int, max_len_offset: int) -> int:
+    """Output tokens allowed for an input of `input_length` tokens by every member (`ModelConfig.decode_length`)."""
+    return min(m.model.config.decode_length(input_length, max_len_offset) for m in self.members)
 
 
 def inference_mesh(config) -> jax.sharding.Mesh:
@@ -91,17 +129,47 @@ def abstract_params(model: Transformer | LanguageModel, mesh, rules):
 
 def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,
             mesh=None) -> Restored:
-  """Params of the latest (or given) step, or the average of the last `average_last` checkpoints.
+  """Params of the latest (or given) step, or the average of the last `average_last` checkpoints."""
+  return restore_ensemble([(config, workdir, step)], average_last=average_last, mesh=mesh)
 
-  A checkpoint written with the other `model.scan_layers` layout is restored in its own and converted.
+
+def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Restored:
+  """An ensemble on one inference mesh (the first run's): for each (config, workdir, step) of `runs` the params of
+  that step, of the newest checkpoint that restores (step None) or the average of the newest `average_last`.
+
+  The members may differ in size but not in architecture, and must share the tokenizer (byte-identical
+  SentencePiece models, whose size is every member's vocab_size). One run is one model. A checkpoint written with
+  the other `model.scan_layers` layout is restored in its own and converted.
   """
-  run_dir = Workdir(workdir)
-  tok = tokenizer_lib.load_tokenizer(run_dir.tokenizer_model)
-  tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
-  model = model_lib.make_model(ModelConfig.from_dict(config.model))
-  mesh = mesh or inference_mesh(config)
-  rules = sharding.rules_from_config(config.mesh)
-  manager = checkpoint.open_existing(run_dir.checkpoints)
+  first_config, first_workdir, _ = runs[0]
+  tok = tokenizer_lib.load_tokenizer(Workdir(first_workdir).tokenizer_model)
+  mesh = mesh or inference_mesh(first_config)
+  rules = sharding.rules_from_config(first_config.mesh)
+  members, origins = [], []
+  for config, workdir, step in runs:
+    _check_same_tokenizer(tok, Workdir(workdir).tokenizer_model)
+    tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
+    model = model_lib.make_model(ModelConfig.from_dict(config.model))
+    if members and model.config.decoder_only != members[0].model.config.decoder_only:
+      raise ValueError(f'{workdir} holds a {model.config.architecture} model and {first_workdir} a '
+                       f'{members[0].model.config.architecture} one: an ensemble\'s members share the architecture.')
+    params, chosen = _restore_params(model, workdir, step, average_last, mesh, rules)
+    logging.info('restored params of steps %s of %s', chosen, workdir)
+    members.append(ensemble.Member(model, params))
+    origins.append({'workdir': workdir, 'steps': chosen})
+  return Restored(first_config, tuple(members), tuple(origins), tok, mesh, rules)
+
+
+def _check_same_tokenizer(tok: tokenizer_lib.Tokenizer, path: str) -> None:
+  if tokenizer_lib.load_tokenizer(path).model_proto != tok.model_proto:
+    raise ValueError(f'{path} and {tok.path} are different SentencePiece models: ensemble only runs trained with '
+                     'the same tokenizer (copy one run\'s tokenizer/spm.model into a new workdir before training it).')
+
+
+def _restore_params(model, workdir: str, step, average_last, mesh, rules):
+  """(params on `mesh` in `model`'s layer layout, the steps they come from) of one run; see `restore_ensemble`."""
+  directory = Workdir(workdir).checkpoints
+  manager = checkpoint.open_existing(directory)
   target = abstract_params(model, mesh, rules)
 
   def restore_step(step_: int):
@@ -115,20 +183,16 @@ def restore(config, workdir: str, *, step: int | None = None, average_last: int 
 
   try:
     if average_last:
-      params, chosen = checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), restore_step,
-                                                 count=average_last)
-    elif step is None:
+      return checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), restore_step,
+                                       count=average_last)
+    if step is None:
       latest, params, _ = checkpoint.restore_newest(manager, restore_step)
-      chosen = [latest]
-    else:
-      if step not in manager.all_steps():
-        raise ValueError(f'no checkpoint of step {step} in {run_dir.checkpoints}; '
-                         f'available steps: {sorted(manager.all_steps())}.')
-      params, chosen = restore_step(step), [step]
+      return params, [latest]
+    if step not in manager.all_steps():
+      raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: {sorted(manager.all_steps())}.')
+    return restore_step(step), [step]
   finally:
     manager.close()
-  logging.info('restored params of steps %s', chosen)
-  return Restored(config, model, params, tok, mesh, rules, chosen)
 
 
 def save_averaged(restored: Restored, workdir: str) -> str:
@@ -210,21 +274,24 @@ def _uncached_logits_fn(model, params, start: _Start, max_decode_len: int):
   return logits_fn, {'prefix': prefix, 'positions': start.positions, **start.context}
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'method', 'beam_size', 'alpha', 'max_decode_len', 'n_best',
+@functools.partial(jax.jit, static_argnames=('method', 'beam_size', 'alpha', 'max_decode_len', 'n_best',
                                              'temperature', 'top_k', 'top_p', 'use_cache'))
-def generate(params, inputs, rng, *, model: Transformer | LanguageModel, method: str = 'beam', beam_size: int = 4,
+def generate(members: tuple[ensemble.Member, ...], inputs, rng, *, method: str = 'beam', beam_size: int = 4,
              alpha: float = 0.6, max_decode_len: int = 64, n_best: int = 1, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, use_cache: bool = True):
-  """Token ids [batch, n_best, max_decode_len] (PAD after EOS) and scores, by beam search, greedy or sampling.
+  """Token ids [batch, n_best, max_decode_len] (PAD after EOS) and scores, by beam search, greedy or sampling
+  with one model (one member) or an ensemble: each member with its own encoder output (or prompt prefill) and
+  key/value cache, their log-probabilities combined per step by `ensemble.logits_fn`, all in one jitted program.
 
   inputs [batch, length] (right-padded with 0): the source sentences of a translation, or the prompts a language
   model continues (a document's first tokens, without EOS; an empty row starts a document). use_cache=False
   recomputes the decoder over the whole prefix at every step (for tests and benchmarks).
   """
-  start = _start(model, params, inputs)
+  starts = [_start(m.model, m.params, inputs) for m in members]
   make_fn = _cached_logits_fn if use_cache else _uncached_logits_fn
-  logits_fn, cache = make_fn(model, params, start, max_decode_len)
-  batch, first = inputs.shape[0], start.first_tokens
+  member_fns, caches = zip(*(make_fn(m.model, m.params, start, max_decode_len) for m, start in zip(members, starts)))
+  logits_fn, cache = ensemble.logits_fn(member_fns), tuple(caches)
+  batch, first = inputs.shape[0], starts[0].first_tokens  # the same for every member: it comes from the inputs
   if method == 'beam':
     return decoding.beam_search(logits_fn, cache, batch, beam_size=beam_size, alpha=alpha,
                                 max_decode_len=max_decode_len, n_best=n_best, first_tokens=first)
@@ -248,7 +315,7 @@ def generate_batches(restored: Restored, batches, max_decode_len, rng=None, **ge
   rng = jax.random.key(0) if rng is None else rng
   for number, batch in enumerate(batches):
     inputs = jax.make_array_from_process_local_data(batch_sharding, batch['inputs'])
-    tokens, _ = generate(restored.params, inputs, jax.random.fold_in(rng, number), model=restored.model,
+    tokens, _ = generate(restored.members, inputs, jax.random.fold_in(rng, number),
                          max_decode_len=max_decode_len(batch['inputs'].shape[1]), **generate_kwargs)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))[:, 0]
     indices = np.asarray(multihost_utils.process_allgather(batch['example_index'], tiled=True))
@@ -260,14 +327,14 @@ def generate_batches(restored: Restored, batches, max_decode_len, rng=None, **ge
 def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'beam'):
   """Yields (example_index, best token ids) for every real row of `batches` (this process's rows)."""
   return generate_batches(restored, batches,
-                          lambda width: restored.model.config.decode_length(width, decode_cfg.max_len_offset),
+                          lambda width: restored.decode_length(width, decode_cfg.max_len_offset),
                           method=method, beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha)
 
 
 def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   """Detokenized translations of every pair's source, in order."""
   batches = pipeline.make_eval_batches(pairs, restored.tokenizer, decode_cfg.batch_size,
-                                       max_length=restored.model.config.position_limit,
+                                       max_length=restored.position_limit,
                                        process_index=jax.process_index(), process_count=jax.process_count())
   out = [''] * len(pairs)
   with restored.on_mesh():
@@ -291,23 +358,35 @@ def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
   return encoded
 
 
+def translate_nonblank(lines: list[str], translate) -> list[str]:
+  """`translate(lines)` of the non-blank lines, put back in order; empty (or blank) lines give empty outputs (as in
+  every translation engine)."""
+  keep = [i for i, line in enumerate(lines) if line.strip()]
+  out = [''] * len(lines)
+  for i, text in zip(keep, translate([lines[i] for i in keep]), strict=True):
+    out[i] = text
+  return out
+
+
 def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam_size=None,
                     batch_size=32, truncate=False) -> list[str]:
   """Translations of `lines` in order; empty (or blank) lines give empty outputs."""
-  config = restored.config
-  keep = [i for i, line in enumerate(lines) if line.strip()]
-  encoded = encode_lines([lines[i] for i in keep], restored.tokenizer, config.model.max_len, truncate)
-  decode_cfg = config.decode.copy_and_resolve_references()
+  decode_cfg = restored.config.decode.copy_and_resolve_references()
   decode_cfg.beam_size = beam_size or decode_cfg.beam_size
   rows = -(-batch_size // sharding.data_parallel_size(restored.mesh)) * sharding.data_parallel_size(restored.mesh)
-  examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
-  batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
-                                    process_count=jax.process_count())
-  out = [''] * len(lines)
-  with restored.on_mesh():
-    for i, ids in translate_batches(restored, batches, decode_cfg, method):
-      out[keep[i]] = restored.tokenizer.decode(ids)
-  return out
+
+  def translate(kept: list[str]) -> list[str]:
+    encoded = encode_lines(kept, restored.tokenizer, restored.max_len, truncate)
+    examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
+    batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+    out = [''] * len(kept)
+    with restored.on_mesh():
+      for i, ids in translate_batches(restored, batches, decode_cfg, method):
+        out[i] = restored.tokenizer.decode(ids)
+    return out
+
+  return translate_nonblank(lines, translate)
 
 
 def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
@@ -319,7 +398,7 @@ def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: 
   A prompt too long for `max_new_tokens` more tokens within the model's max length is an error, or with `fit`
   all prompts get as many new tokens as the longest leaves room for.
   """
-  max_len = restored.config.model.max_len
+  max_len = restored.max_len
   encoded = [restored.tokenizer.encode(prompt) for prompt in prompts]
   if fit:
     max_new_tokens = max(min(max_new_tokens, max_len - max(map(len, encoded), default=0)), 1)

@@ -1,6 +1,7 @@
-"""Scoring and reports: teacher-forced loss over a split, BLEU of its translations (or, for a language model,
-perplexity, bits per byte, the unigram baseline and sampled continuations), results files and the printed
-report. Used by training (in-run validation, the final report) and by `eval.py`."""
+"""Scoring and reports: teacher-forced loss over a split, BLEU and chrF of its translations (or, for a language model,
+perplexity, bits per byte, the unigram baseline and sampled continuations) by one model or an ensemble, a paired
+test against a baseline, results files and the printed report. Used by training (in-run validation, the final
+report) and by `eval.py`."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from transformer_jax import inference
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import scores
 from transformer_jax import sharding
+from transformer_jax import significance
 from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
@@ -43,11 +45,11 @@ def validate(eval_config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'eval.{key} must be >= {low}, got {eval_config[key]}.')
 
 
-def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
+def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
                    max_length: int | None = None) -> dict:
   """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
-  pairs or documents, and the number of target tokens; sentences longer than `max_length`
-  (`ModelConfig.position_limit`) are cut to it."""
+  pairs or documents, and the number of target tokens, by `eval_fn` (`steps.jit_eval_step`) of `members` (one
+  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count(), max_length=max_length)
@@ -55,22 +57,24 @@ def teacher_forced(params, eval_fn, pairs, tok, mesh, batch_size: int, max_batch
     if max_batches is not None and i >= max_batches:
       break
     batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
-    sums = jax.device_get(eval_fn(params, batch))
+    sums = jax.device_get(eval_fn(members, batch))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
   return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
 def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair (or document), with restored params."""
-  shardings = jax.tree.map(lambda x: x.sharding, restored.params)
-  eval_fn = steps.jit_eval_step(restored.model, restored.config.train.label_smoothing, shardings, restored.mesh)
+  """`teacher_forced` over every pair (or document), with the restored model or ensemble."""
+  shardings = jax.tree.map(lambda x: x.sharding, restored.members)
+  eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
-    return teacher_forced(restored.params, eval_fn, pairs, restored.tokenizer, restored.mesh,
-                          restored.config.eval.batch_size, max_length=restored.model.config.position_limit)
+    return teacher_forced(restored.members, eval_fn, pairs, restored.tokenizer, restored.mesh,
+                          restored.config.eval.batch_size, max_length=restored.position_limit)
 
 
-def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]) -> dict[str, str]:
-  """Writes {'src'|'hyp'|'ref': lines} one sentence per line (UTF-8), to inspect or re-score with other tools."""
+def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]],
+                       tag: str | None = None) -> dict[str, str]:
+  """Writes {'src'|'hyp'|'ref': lines} one sentence per line (UTF-8), to inspect or re-score with other tools;
+  `tag` as in `Workdir.translation_file`."""
   lengths = {kind: len(lines) for kind, lines in texts.items()}
   if len(set(lengths.values())) != 1:
     raise ValueError(f'sources, hypotheses and references differ in length: {lengths}')
@@ -78,27 +82,34 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
   for kind, lines in texts.items():
     if any('\n' in line or '\r' in line for line in lines):
       raise ValueError(f'a {kind} sentence contains a line break, which would misalign the files')
-    paths[kind] = run_dir.translation_file(split, kind)
+    paths[kind] = run_dir.translation_file(split, kind, tag)
     os.makedirs(os.path.dirname(paths[kind]), exist_ok=True)
     with open(paths[kind], 'w', encoding='utf-8') as f:
       f.write(''.join(line + '\n' for line in lines))
   return paths
 
 
-def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> dict:
-  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split; a
-  language model's numbers instead (`evaluate_documents`).
+def evaluate_split(restored: inference.Restored, workdir: str, split: str,
+                   compare_to: significance.Comparison | None = None) -> dict:
+  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split of the
+  restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison'); a language
+  model's numbers instead (`evaluate_documents`).
 
-  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir.
+  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, an ensemble's
+  under names tagged 'ensemble' with its members (workdir and steps of each) in the results.
   """
-  if restored.model.config.decoder_only:
+  if restored.members[0].model.config.decoder_only:
+    if compare_to:
+      raise ValueError('--compare_to compares translations; a language model\'s evaluation has none: drop it.')
     return evaluate_documents(restored, workdir, split)
   config, run_dir = restored.config, Workdir(workdir)
   for key in ('eval.batch_size', 'decode.batch_size'):
     section, name = key.split('.')
     sharding.check_batch_divisible(config[section][name], restored.mesh, key)
   pairs = sources.load_split(config.data, split)
-  limit = restored.model.config.position_limit
+  if compare_to:
+    compare_to.check(len(pairs))  # before anything is decoded
+  limit = restored.position_limit
   cut = pipeline.count_over(pairs, restored.tokenizer, limit)
   if cut:
     logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
@@ -109,20 +120,33 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str) -> di
   references = [tgt for _, tgt in pairs]
   lang = config.data.target_lang
   tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
-  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
-             **scores.corpus_scores(hypotheses, references), 'tokenized_bleu': tokenized, 'num_sentences': len(pairs),
-             'params': _count_params(restored.params), 'beam_size': config.decode.beam_size,
-             'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
+  results = {**_provenance(restored), 'split': split, **scores.corpus_scores(hypotheses, references),
+             'tokenized_bleu': tokenized, 'num_sentences': len(pairs), 'params': _count_params(restored.members),
+             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
+  if compare_to:
+    results['comparison'] = compare_to.run(hypotheses, references)
   if jax.process_index() == 0:
     results['translations'] = write_translations(
-        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references})
-    _write_results(run_dir, split, config, results)
+        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, _tag(restored))
+    _write_results(run_dir, split, config, results, _tag(restored))
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
 
 
-def _write_results(run_dir: Workdir, split: str, config, results: dict) -> None:
-  files.write_atomically(run_dir.results_file(split, config.eval.test_split), json.dumps(results, indent=2))
+def _tag(restored: inference.Restored) -> str | None:
+  """How an evaluation's files are named: 'ensemble' for an ensemble (`Workdir.results_file`)."""
+  return 'ensemble' if restored.is_ensemble else None
+
+
+def _provenance(restored: inference.Restored) -> dict:
+  """Where the params come from, as results.json records it: the step(s) of one model, an ensemble's members."""
+  if restored.is_ensemble:
+    return {'ensemble': list(restored.origins)}
+  return {'step': restored.steps[-1], 'averaged_steps': restored.steps}
+
+
+def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str | None) -> None:
+  files.write_atomically(run_dir.results_file(split, config.eval.test_split, tag), json.dumps(results, indent=2))
 
 
 def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -> dict:
@@ -138,20 +162,19 @@ def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -
   losses = teacher_forced_metrics(restored, documents)
   num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
   examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
-  fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < config.model.max_len
+  fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < restored.max_len
   examples = [document for document in examples if fits(document)]
   prompts = [_first_half(document) for document in examples]
   samples = inference.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
                                        temperature=config.decode.temperature, top_k=config.decode.top_k,
                                        top_p=config.decode.top_p, batch_size=config.decode.batch_size, fit=True)
-  results = {'step': restored.steps[-1], 'averaged_steps': restored.steps, 'split': split,
-             'perplexity': losses['perplexity'],
+  results = {**_provenance(restored), 'split': split, 'perplexity': losses['perplexity'],
              'bits_per_byte': metrics_lib.bits_per_byte(losses['nll'] * losses['tokens'], num_bytes),
              'unigram_perplexity': unigram_baseline(restored.tokenizer, config.data, documents),
              'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
-             'params': _count_params(restored.params), **{f'{split}_{k}': v for k, v in losses.items()}}
+             'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()}}
   if jax.process_index() == 0:
-    _write_results(Workdir(workdir), split, config, results)
+    _write_results(Workdir(workdir), split, config, results, _tag(restored))
   results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
   return results
 
@@ -171,8 +194,8 @@ def _first_half(document: str) -> str:
   return ' '.join(words[:max(1, len(words) // 2)])
 
 
-def _count_params(params) -> int:
-  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+def _count_params(members) -> int:
+  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(members)))
 
 
 def describe(results: dict, num_samples: int) -> str:
@@ -193,9 +216,15 @@ def describe(results: dict, num_samples: int) -> str:
                 f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
                 f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
                 f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences')
-  lines = [f'{headline}; params of step(s) {results["averaged_steps"]}']
+  if 'ensemble' in results:
+    provenance = 'ensemble of ' + ', '.join(f'{m["workdir"]} step(s) {m["steps"]}' for m in results['ensemble'])
+  else:
+    provenance = f'params of step(s) {results["averaged_steps"]}'
+  lines = [f'{headline}; {provenance}']
   for sample in results['samples'][:num_samples]:
     lines += [f'  {label + ":":<11}{text}' for label, text in zip(labels, sample)]
+  if 'comparison' in results:
+    lines.append(significance.describe(results['comparison']))
   return '\n'.join(lines)
 
 

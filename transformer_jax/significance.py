@@ -8,13 +8,15 @@ both systems); with 'bs' these are the very resamples of the test.
 """
 
 import contextlib
-import json
+import dataclasses
 import os
 from pathlib import Path
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
+
+from transformer_jax import files
 
 METHODS = ('bs', 'ar')
 DEFAULT_SAMPLES = {'bs': 1000, 'ar': 10000}  # sacrebleu's defaults: bootstrap resamples, randomisation trials
@@ -58,11 +60,15 @@ def compare_systems(baseline: list[str], system: list[str], references: list[str
 
 
 def _check_arguments(baseline, system, references, method, n, seed):
-  if method not in METHODS:
-    raise ValueError(f"method={method!r}: use 'bs' (paired bootstrap) or 'ar' (approximate randomisation).")
+  _check_settings(method, n, seed)
   if not references or len(baseline) != len(references) or len(system) != len(references):
     raise ValueError(f'the baseline ({len(baseline)}), the system ({len(system)}) and the references '
                      f'({len(references)}) need the same number of sentences, at least one.')
+
+
+def _check_settings(method, n, seed):
+  if method not in METHODS:
+    raise ValueError(f"method={method!r}: use 'bs' (paired bootstrap) or 'ar' (approximate randomisation).")
   if n is not None and n < 1:
     raise ValueError(f'n={n}: pass a positive number of samples, or None for sacrebleu\'s default.')
   if not isinstance(seed, int) or seed < 1:
@@ -97,26 +103,74 @@ def _interval(values: np.ndarray) -> list[float]:
   return [float(values[lower]), float(values[len(values) - lower - 1])]
 
 
-def read_hypotheses(path: str | Path, num_references: int) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """A baseline to compare a system with (eval.py --compare_to) and the test to run. Its hypotheses are read
+  (`read_hypotheses`) when it is made, so that a file that cannot be read fails before anything is decoded."""
+
+  baseline: str  # a results.json written by eval.py or a hypotheses file
+  method: str = 'bs'
+  samples: int | None = None  # None: sacrebleu's default for the method
+  seed: int = DEFAULT_SEED
+  hypotheses: tuple[str, ...] = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    _check_settings(self.method, self.samples, self.seed)
+    object.__setattr__(self, 'hypotheses', tuple(read_hypotheses(self.baseline)))
+
+  def check(self, num_references: int) -> None:
+    """Fails (one line) unless the baseline has a hypothesis for each of `num_references` references."""
+    _check_count(self.baseline, len(self.hypotheses), num_references)
+
+  def run(self, system: list[str], references: list[str]) -> dict:
+    """`compare_systems` of `system` against the baseline with these settings, and the baseline's path."""
+    return {'baseline_path': str(self.baseline), **compare_systems(
+        list(self.hypotheses), system, references, method=self.method, n=self.samples, seed=self.seed)}
+
+
+def describe(comparison: dict) -> str:
+  """The comparison as papers report it: one row per metric with both scores, the difference, its 95% CI and p."""
+  test = {'bs': 'paired bootstrap resampling', 'ar': 'paired approximate randomisation'}[comparison['method']]
+  lines = [f'against {comparison["baseline_path"]} ({test}, {comparison["samples"]} samples, seed '
+           f'{comparison["seed"]}, {comparison["sentences"]} sentences):',
+           f'  {"metric":<7}{"baseline":>10}{"this system":>13}{"difference":>12}  {"95% CI":<17}{"p":>7}']
+  for key, name in (('bleu', 'BLEU'), ('chrf', 'chrF')):
+    m = comparison[key]
+    low, high = m['difference_ci']
+    lines.append(f'  {name:<7}{m["baseline"]:>10.2f}{m["system"]:>13.2f}{m["difference"]:>+12.2f}  '
+                 f'{f"[{low:+.2f}, {high:+.2f}]":<17}{m["p_value"]:>7.4f}')
+  return '\n'.join(lines)
+
+
+def read_hypotheses(path: str | Path, num_references: int | None = None) -> list[str]:
   """Hypotheses of another system: a results.json written by eval.py (its 'translations': {'hyp': path}) or a
-  plain UTF-8 file, one sentence per line. Errors (ValueError, one line) name the file and what to do."""
+  plain UTF-8 file, one sentence per line (`files.text_lines`), as many as `num_references` if given. Errors are
+  one line naming the file and what to do."""
   path = Path(path)
+  if not path.is_file():
+    raise ValueError(f'no such file: {path}; pass a results.json written by eval.py or a hypotheses file, one '
+                     'sentence per line.')
   if path.suffix == '.json':
     path = _hypotheses_of_results(path)
-  lines = _read_lines(path)
-  if len(lines) != num_references:
-    raise ValueError(f'{path} has {len(lines)} lines but the references have {num_references}: pass hypotheses '
-                     'of the same test set, one sentence per line.')
+  lines = files.read_text_lines(str(path), 'the hypotheses path')
+  if num_references is not None:
+    _check_count(path, len(lines), num_references)
   return lines
+
+
+def _check_count(path, num_lines: int, num_references: int) -> None:
+  if num_lines != num_references:
+    raise ValueError(f'{path} has {num_lines} lines but the references have {num_references}: pass hypotheses '
+                     'of the same test set, one sentence per line.')
 
 
 def _hypotheses_of_results(results_path: Path) -> Path:
   """The hypotheses file a results.json names; a relative name that does not resolve from here is looked up in
   the translations/ folder beside the results.json (where eval.py writes it)."""
+  results = files.read_json(str(results_path), 'results.json')
   try:
-    results = json.loads(_read_text(results_path))
     hyp = Path(results['translations']['hyp'])
-  except (json.JSONDecodeError, KeyError, TypeError):
+  except (KeyError, TypeError):
     raise ValueError(f"{results_path} is not a results.json with a 'translations': {{'hyp': PATH}} entry: pass "
                      'the results.json of an eval.py run or a plain hypotheses file.') from None
   candidates = [hyp, results_path.parent / 'translations' / hyp.name]
@@ -125,26 +179,3 @@ def _hypotheses_of_results(results_path: Path) -> Path:
       return candidate
   raise ValueError(f'{results_path} names the hypotheses {hyp}, which is not there (nor at {candidates[1]}): '
                    'pass the hypotheses file itself.')
-
-
-def _read_text(path: Path) -> str:
-  try:
-    data = path.read_bytes()
-  except (FileNotFoundError, IsADirectoryError):
-    raise ValueError(f'no such file: {path}; pass a results.json written by eval.py or a hypotheses file, one '
-                     'sentence per line.') from None
-  try:
-    return data.decode('utf-8')
-  except UnicodeDecodeError as error:
-    line = data[:error.start].count(b'\n') + 1
-    raise ValueError(f'{path} is not UTF-8 (line {line}): convert it, e.g. iconv -t UTF-8.') from None
-
-
-def _read_lines(path: Path) -> list[str]:
-  """Lines split at '\\n' only (not at the other characters str.splitlines breaks on); a final newline ends the
-  last line rather than starting an empty one."""
-  text = _read_text(path)
-  if not text:
-    return []
-  text = text[:-1] if text.endswith('\n') else text
-  return [line.removesuffix('\r') for line in text.split('\n')]

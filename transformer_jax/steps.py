@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer_jax import ensemble
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import optim
 from transformer_jax import sharding
@@ -122,10 +123,12 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.Gr
   return new_state, step_metrics
 
 
-def eval_step(params, batch: dict, *, model: nn.Module, smoothing: float) -> dict:
-  """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off."""
-  logits = model.apply({'params': params}, **model_inputs(batch), deterministic=True)
-  return metrics_lib.token_metrics(logits, batch['targets'], smoothing, cpu_kernels=model.config.use_cpu_kernels)
+def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: float) -> dict:
+  """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off, for one model (a member) or
+  an ensemble (scored by `ensemble.mean_log_softmax`, as ensemble decoding scores tokens)."""
+  log_probs = ensemble.teacher_forced_log_probs(members, model_inputs(batch))
+  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing,
+                                   cpu_kernels=members[0].model.config.use_cpu_kernels)
 
 
 def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:
@@ -143,7 +146,8 @@ def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, 
                  out_shardings=(state_shardings, None), donate_argnums=0 if donate else ())
 
 
-def jit_eval_step(model, smoothing: float, params_shardings, mesh):
-  """`eval_step` jitted over params with their shardings and a batch split over data × fsdp."""
-  return jax.jit(functools.partial(eval_step, model=model, smoothing=smoothing),
-                 in_shardings=(params_shardings, sharding.batch_sharding(mesh)))
+def jit_eval_step(smoothing: float, members_shardings, mesh):
+  """`eval_step` jitted over members with their params' shardings (`ensemble.Member`s holding shardings) and a
+  batch split over data × fsdp."""
+  return jax.jit(functools.partial(eval_step, smoothing=smoothing),
+                 in_shardings=(members_shardings, sharding.batch_sharding(mesh)))

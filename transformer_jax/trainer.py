@@ -17,6 +17,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
+from transformer_jax import ensemble
 from transformer_jax import optim
 from transformer_jax import preemption
 from transformer_jax import reporting
@@ -190,7 +191,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   with sharding.activate(mesh, rules):
     train_fn = _CompiledSteps(steps.jit_train_step(model, tx, schedule, train_cfg, state_shardings, mesh), state,
                               pipeline.batch_shapes(config.pipeline, sides, jax.process_count()), mesh, report, step)
-  eval_fn = steps.jit_eval_step(model, train_cfg.label_smoothing, state_shardings.params, mesh)
+  eval_fn = steps.jit_eval_step(train_cfg.label_smoothing, ensemble.of_one(model, state_shardings.params), mesh)
 
   def check_finite(nonfinite: int):
     if nonfinite and train_cfg.on_nonfinite == 'stop':
@@ -223,8 +224,9 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
         check_finite(last['nonfinite'])
       if step % train_cfg.eval_every == 0 or final:
         start = time.time()
-        values = scoring.teacher_forced(state.params, eval_fn, valid_pairs, tok, mesh, config.eval.batch_size,
-                                        max_batches=train_cfg.eval_batches, max_length=model.config.position_limit)
+        values = scoring.teacher_forced(ensemble.of_one(model, state.params), eval_fn, valid_pairs, tok, mesh,
+                                        config.eval.batch_size, max_batches=train_cfg.eval_batches,
+                                        max_length=model.config.position_limit)
         report.evaluation(step, values)
         last.update({f'eval_{k}': v for k, v in values.items()})
         report.exclude(time.time() - start)

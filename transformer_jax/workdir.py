@@ -6,8 +6,9 @@
     WORKDIR/averaged/checkpoints/    averaged params written by `eval.py --save_averaged`
     WORKDIR/metrics.jsonl            one JSON line per logged train / eval / compile record
     WORKDIR/tensorboard/             TensorBoard event files
-    WORKDIR/results.json             the final evaluation of the test split (results_<split>.json for others)
-    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation
+    WORKDIR/results.json             the final evaluation of the test split (results_<split>.json for others;
+                                     results_ensemble.json for an ensemble evaluated from this workdir)
+    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation (<split>.ensemble.*.txt)
     WORKDIR/train.log                train.py's output when a sweep launches it
 """
 
@@ -67,12 +68,15 @@ class Workdir:
     """The evaluation of the test split (`eval.test_split`), which a finished run ends with."""
     return self._join('results.json')
 
-  def results_file(self, split: str, test_split: str) -> str:
-    return self.final_results_file if split == test_split else self._join(f'results_{split}.json')
+  def results_file(self, split: str, test_split: str, tag: str | None = None) -> str:
+    """results.json for the test split, results_<split>.json for another; a tag (e.g. 'ensemble': another system
+    evaluated from this workdir) is added to the name: results_ensemble.json, results_<split>_ensemble.json."""
+    name = 'results' if split == test_split else f'results_{split}'
+    return self._join(f'{name}_{tag}.json' if tag else f'{name}.json')
 
-  def translation_file(self, split: str, kind: str) -> str:
-    """kind: 'src', 'hyp' or 'ref'."""
-    return self._join('translations', f'{split}.{kind}.txt')
+  def translation_file(self, split: str, kind: str, tag: str | None = None) -> str:
+    """kind: 'src', 'hyp' or 'ref'; a tag as in `results_file`: translations/<split>.<tag>.<kind>.txt."""
+    return self._join('translations', '.'.join([split, *([tag] if tag else []), kind, 'txt']))
 
   def ensure_writable(self, process_index: int = 0) -> None:
     """Creates the directory; fails with one line, before any work, if it cannot be written."""

@@ -378,6 +378,11 @@ def count_over(pairs: Sequence[tuple[str, str]] | Sequence[str], tokenizer: Toke
              for i in range(len(pairs)))
 
 
+def padded_length(longest: int, length_multiple: int = 16) -> int:
+  """The width `batch_examples` pads a batch to whose longest example has `longest` tokens."""
+  return -(-longest // length_multiple) * length_multiple
+
+
 def batch_examples(examples: Iterable[Example], batch_size: int, *, process_index: int = 0,
                    process_count: int = 1, length_multiple: int = 16,
                    max_length: int | None = None) -> Iterator[dict[str, np.ndarray]]:
@@ -390,7 +395,7 @@ def batch_examples(examples: Iterable[Example], batch_size: int, *, process_inde
   iterator, start = iter(examples), 0
   while chunk := list(itertools.islice(iterator, batch_size)):
     longest = max(len(e[key]) for e in chunk for key in _sides(e))
-    width = -(-longest // length_multiple) * length_multiple
+    width = padded_length(longest, length_multiple)
     batch = pad_batch(chunk, batch_size, max(1, min(width, max_length or width)))
     batch['example_index'] = np.full(batch_size, -1, np.int32)
     batch['example_index'][:len(chunk)] = np.arange(start, start + len(chunk))

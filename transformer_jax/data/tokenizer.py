@@ -42,6 +42,7 @@ class Tokenizer:
 
   def __init__(self, model_proto: bytes, path: str = '<memory>'):
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto  # the serialized model: two tokenizers are the same when these bytes are
     self.path = path
     self.vocab_size = self._sp.vocab_size()
     self.model_type = _MODEL_TYPE_NAMES.get(_trainer_spec(model_proto).model_type, 'other')
@@ -66,6 +67,10 @@ class Tokenizer:
   def id_to_piece(self, token_id: int) -> str:
     """The vocabulary piece of one id (e.g. for labelling attention maps)."""
     return self._sp.id_to_piece(int(token_id))
+
+  def piece_to_id(self, piece: str) -> int:
+    """The id of one vocabulary piece (e.g. of another engine's output)."""
+    return self._sp.piece_to_id(piece)
 
 
 def _trainer_spec(model_proto: bytes):

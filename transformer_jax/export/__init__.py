@@ -13,8 +13,16 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
 - vocabulary: the SentencePiece pieces in id order (<pad> 0, </s> 1 = EOS, <s> 2 = BOS, the decoder's start
   token, <unk> 3); CT2 appends </s> to the source itself, so clients pass SentencePiece pieces unchanged.
   The SentencePiece model is copied into the directory as spm.model.
+- what CT2's files cannot say goes into transformer_jax.json: the run's `model` and `decode` config sections, for
+  `translate --engine=ctranslate2` (`serving.py`): beam size, max output length (input + max_len_offset, within
+  learned positions) and max input length as ours. The length penalty is not the same: ours divides by
+  ((5 + len) / 6)^alpha (GNMT), CT2's `length_penalty` divides by len^alpha; translate passes alpha to it.
+
+`python -m transformer_jax.export` writes one from a workdir (`__main__.py`).
 """
 
+import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -27,6 +35,7 @@ import numpy as np
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
+from transformer_jax import inference
 from transformer_jax.model import sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -37,19 +46,21 @@ QUANTIZATIONS = (None, 'float32', 'int8', 'int8_float16', 'float16')
 SINUSOIDAL_POSITIONS = 1024
 SPECIAL_PIECES = {PAD_ID: '<pad>', EOS_ID: '</s>', BOS_ID: '<s>', UNK_ID: '<unk>'}
 SPM_FILE = 'spm.model'
+SETTINGS_FILE = 'transformer_jax.json'  # {'model': the model section, 'decode': the decode section}
 
 
 def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | os.PathLike,
-                       out_dir: str | os.PathLike, quantization: str | None = None) -> Path:
+                       out_dir: str | os.PathLike, quantization: str | None = None, decode=None) -> Path:
   """Writes `params` of a model built from `model_config` (a ModelConfig or the config's `model` section) as a
   CTranslate2 model directory `out_dir` (new or empty; written whole or not at all), for
-  `ctranslate2.Translator(out_dir)`. Returns out_dir."""
+  `ctranslate2.Translator(out_dir)`, with the run's `decode` section (default: `inference.default_config()`) in
+  SETTINGS_FILE. Returns out_dir."""
   if not isinstance(model_config, ModelConfig):
     model_config = ModelConfig.from_dict(model_config)
-  check_exportable(model_config, quantization)
+  check_exportable(model_config, quantization, out_dir)
   out_dir = Path(out_dir)
-  if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-    raise ValueError(f'{out_dir} exists and is not an empty directory: pass a new export directory.')
+  decode = inference.default_config() if decode is None else decode
+  settings = {'model': dataclasses.asdict(model_config), 'decode': dict(decode.items())}
   vocabulary = spm_vocabulary(spm_model_path, model_config.vocab_size)
   # Writable float32 copies: CT2 quantizes the arrays it is given in place.
   weights = jax.tree.map(lambda x: np.array(x, np.float32), jax.device_get(nn.unbox(params)))
@@ -66,6 +77,8 @@ def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | 
   os.chmod(staging, 0o777 & ~umask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
   try:
     spec.save(staging)
+    with open(os.path.join(staging, SETTINGS_FILE), 'w', encoding='utf-8') as f:
+      json.dump(settings, f, indent=2)
     if out_dir.exists():
       out_dir.rmdir()
     os.rename(staging, out_dir)
@@ -75,10 +88,17 @@ def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | 
   return out_dir
 
 
-def check_exportable(model_config: ModelConfig, quantization: str | None = None) -> None:
-  """Refuses what CTranslate2 cannot represent, in one line that says what to do."""
+def check_exportable(model_config: ModelConfig, quantization: str | None = None,
+                     out_dir: str | os.PathLike | None = None) -> None:
+  """Refuses what CTranslate2 cannot represent (and an `out_dir` that holds files), in one line that says what to
+  do."""
+  if out_dir is not None and Path(out_dir).exists() and (not Path(out_dir).is_dir() or any(Path(out_dir).iterdir())):
+    raise ValueError(f'{out_dir} exists and is not an empty directory: pass a new export directory.')
   if quantization not in QUANTIZATIONS:
     raise ValueError(f'quantization={quantization!r}: use one of {QUANTIZATIONS}.')
+  if model_config.decoder_only:
+    raise ValueError('the export writes CTranslate2\'s encoder-decoder Transformer, and this is a decoder-only '
+                     'language model: export a translation model.')
   if model_config.head_dim_k != model_config.head_dim_v:
     raise ValueError(
         f'CTranslate2 splits one fused key/value projection into equal halves, so it needs d_k == d_v (got '

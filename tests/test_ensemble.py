@@ -1,0 +1,262 @@
+"""Ensembles: models of any size over one vocabulary decode and score with the mean of their log-softmaxes; one
+member is the model itself, two copies of a model are that model; eval.py and translate take several runs or
+steps."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sentencepiece import sentencepiece_model_pb2
+
+import helpers
+from transformer_jax import config as config_lib
+from transformer_jax import decoding
+from transformer_jax import ensemble
+from transformer_jax import inference
+from transformer_jax import scoring
+from transformer_jax import significance
+from transformer_jax import steps
+from transformer_jax import trainer
+from transformer_jax.data import sources
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.tokens import EOS_ID, PAD_ID
+from transformer_jax.workdir import Workdir
+
+LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')  # checkpoints 2 and 4
+SMALL = ModelConfig(vocab_size=helpers.VOCAB, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+                    num_decoder_layers=1, max_len=32, dropout=0.0)
+LARGE = SMALL.replace(d_model=32, d_ff=64, num_heads=4, num_decoder_layers=2)  # another size, same vocabulary
+MAX_DECODE_LEN = 12
+ALPHA = 0.6
+
+
+def _member(cfg: ModelConfig, seed: int) -> ensemble.Member:
+  return ensemble.Member(Transformer(cfg), helpers.perturbed_params(cfg, seed, scale=0.3))
+
+
+def _inputs() -> jax.Array:
+  return jnp.asarray(helpers.synthetic_batches(1, rows=4, length=10, seed=3)[0]['inputs'])
+
+
+def _decode(members, method, use_cache=True):
+  tokens, scores = inference.generate(tuple(members), _inputs(), jax.random.key(0), method=method, beam_size=4,
+                                      alpha=ALPHA, max_decode_len=MAX_DECODE_LEN, use_cache=use_cache)
+  return np.asarray(tokens)[:, 0], np.asarray(scores)[:, 0]
+
+
+def _reference_log_probs(members, targets: np.ndarray) -> np.ndarray:
+  """The ensemble's distributions by definition, from each member's own teacher-forced pass: the log of the
+  renormalised product of the members' probabilities (the mean of their log-softmaxes)."""
+  mean = np.mean([jax.nn.log_softmax(m.model.apply({'params': m.params}, _inputs(), jnp.asarray(targets)), -1)
+                  for m in members], axis=0)
+  return np.asarray(jax.nn.log_softmax(mean, -1))
+
+
+def _length(row) -> int:
+  """Tokens of a decoded row: up to and including its EOS."""
+  row = list(row)
+  return row.index(EOS_ID) + 1 if EOS_ID in row else len(row)
+
+
+def _before_pad(row) -> int:
+  """Positions of a decoded row that a teacher-forced pass scores as decoding did: those before its first PAD (a
+  random model may emit the PAD id, which teacher forcing treats as the end of the sequence)."""
+  row = list(row)
+  return row.index(PAD_ID) if PAD_ID in row else len(row)
+
+
+def test_an_ensemble_of_one_decodes_as_the_model_alone():
+  member = _member(SMALL, seed=0)
+  inputs = _inputs()
+  start = inference._start(member.model, member.params, inputs)
+  logits_fn, cache = inference._cached_logits_fn(member.model, member.params, start, MAX_DECODE_LEN)
+  alone_tokens, alone_scores = decoding.beam_search(logits_fn, cache, inputs.shape[0], beam_size=4, alpha=ALPHA,
+                                                    max_decode_len=MAX_DECODE_LEN)
+  tokens, scores = _decode([member], 'beam')
+  np.testing.assert_array_equal(tokens, np.asarray(alone_tokens)[:, 0])
+  # One more log-softmax of already normalised values: float32 rounding only.
+  np.testing.assert_allclose(scores, np.asarray(alone_scores)[:, 0], rtol=1e-6)
+  greedy = decoding.greedy_search(logits_fn, cache, inputs.shape[0], max_decode_len=MAX_DECODE_LEN)
+  np.testing.assert_array_equal(_decode([member], 'greedy')[0], np.asarray(greedy))
+  assert len({tuple(row) for row in tokens}) > 1  # outputs that depend on the input
+
+
+@pytest.mark.parametrize('method', ['beam', 'greedy'])
+def test_two_copies_of_a_model_decode_as_the_model(method):
+  member = _member(SMALL, seed=0)
+  tokens, scores = _decode([member], method)
+  copies_tokens, copies_scores = _decode([member, member], method)
+  np.testing.assert_array_equal(copies_tokens, tokens)
+  np.testing.assert_allclose(copies_scores, scores, rtol=1e-6)
+
+
+def test_members_of_different_sizes_decode_with_the_mean_of_their_log_softmaxes():
+  members = [_member(SMALL, seed=0), _member(LARGE, seed=1)]
+  greedy, _ = _decode(members, 'greedy')
+  reference = _reference_log_probs(members, greedy)
+  checked = 0
+  for row, log_probs in zip(greedy, reference):
+    end = _before_pad(row)
+    np.testing.assert_array_equal(row[:end], log_probs[:end].argmax(-1))  # each step's most likely token
+    checked += end
+  assert checked >= greedy.size // 2
+
+  tokens, scores = _decode(members, 'beam')
+  reference = _reference_log_probs(members, tokens)
+  for row, score, log_probs in zip(tokens, scores, reference):
+    length = _length(row)
+    if _before_pad(row) >= length:  # no PAD id among its tokens
+      expected = log_probs[np.arange(length), row[:length]].sum() / decoding.length_penalty(length, ALPHA)
+      np.testing.assert_allclose(score, expected, rtol=0, atol=1e-4)  # cached steps vs one pass: float32 sums
+  for alone in members:  # a combination, not one member's output
+    assert not np.array_equal(_decode([alone], 'beam')[0], tokens)
+  uncached_tokens, uncached_scores = _decode(members, 'beam', use_cache=False)
+  np.testing.assert_array_equal(uncached_tokens, tokens)
+  np.testing.assert_allclose(uncached_scores, scores, rtol=0, atol=1e-4)
+
+
+def test_teacher_forced_metrics_score_targets_with_the_ensembles_distribution():
+  members = (_member(SMALL, seed=0), _member(LARGE, seed=1))
+  batch = {k: jnp.asarray(v) for k, v in helpers.synthetic_batches(1, rows=4, length=10, seed=5)[0].items()}
+  sums = steps.eval_step(members, batch, smoothing=0.0)
+  targets = np.asarray(batch['targets'])
+  log_probs = [np.asarray(jax.nn.log_softmax(m.model.apply({'params': m.params}, **steps.model_inputs(batch)), -1))
+               for m in members]
+  mean = np.asarray(jax.nn.log_softmax(np.mean(log_probs, axis=0), -1))
+  real = targets > 0
+  target_log_probs = np.take_along_axis(mean, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(sums['nll']), -target_log_probs[real].sum(), rtol=1e-5)
+  assert float(sums['correct']) == np.sum((mean.argmax(-1) == targets) & real)
+  one = steps.eval_step(members[:1], batch, smoothing=0.0)
+  np.testing.assert_allclose(float(one['nll']), -np.take_along_axis(log_probs[0], targets[..., None], -1)[real].sum(),
+                             rtol=1e-5)
+
+
+def _copy_legacy(tmp_path, name='run') -> str:
+  workdir = str(tmp_path / name)
+  shutil.copytree(LEGACY, workdir)
+  return workdir
+
+
+def _host(tree):
+  return jax.tree.leaves(jax.device_get(tree))
+
+
+def test_restore_an_ensemble_of_steps_or_of_runs(tmp_path):
+  workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')
+  config = config_lib.of_run(workdir)
+  restored = inference.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
+  assert restored.origins == ({'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]})
+  for member, step in zip(restored.members, (2, 4)):
+    for a, b in zip(_host(member.params), _host(inference.restore(config, workdir, step=step).params)):
+      np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match='not an ensemble of 2: pass one --workdir') as error:
+    restored.params  # pylint: disable=pointless-statement
+  assert '\n' not in str(error.value)
+  averaged = inference.restore_ensemble([(config, workdir, None), (config_lib.of_run(other), other, None)],
+                                        average_last=2)
+  assert [origin['steps'] for origin in averaged.origins] == [[2, 4], [2, 4]]
+  assert averaged.members[0].params is not averaged.members[1].params
+
+
+def test_members_must_share_the_tokenizer(tmp_path):
+  workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')
+  path = Workdir(other).tokenizer_model
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(path, 'rb') as f:
+    proto.ParseFromString(f.read())
+  proto.pieces[10].score += 1.0  # a valid model of the same size, another segmentation
+  with open(path, 'wb') as f:
+    f.write(proto.SerializeToString())
+  config = config_lib.of_run(workdir)
+  with pytest.raises(ValueError, match=f'{path} and {Workdir(workdir).tokenizer_model} are different '
+                                       'SentencePiece models') as error:
+    inference.restore_ensemble([(config, workdir, None), (config, other, None)])
+  assert '\n' not in str(error.value)
+
+
+def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
+  workdir = _copy_legacy(tmp_path)
+  config = config_lib.of_run(workdir)
+  before = helpers.tree_digest(workdir)
+  restored = inference.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
+  results = scoring.evaluate_split(restored, workdir, 'validation')  # the legacy run's test split
+  run_dir = Workdir(workdir)
+  with open(run_dir.results_file('validation', 'validation', 'ensemble')) as f:
+    saved = json.load(f)
+  assert saved['ensemble'] == [{'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]}]
+  assert 'step' not in saved and saved['translations']['hyp'] == run_dir.translation_file('validation', 'hyp',
+                                                                                          'ensemble')
+  assert saved['params'] == 2 * sum(x.size for x in _host(inference.restore(config, workdir).params))
+  single = scoring.teacher_forced_metrics(inference.restore(config, workdir, step=4),
+                                          sources.load_split(config.data, 'validation'))
+  assert saved['validation_nll'] != single['nll']  # the ensemble's own loss, not a member's
+  assert {k: v for k, v in helpers.tree_digest(workdir).items() if k in before} == before  # results.json kept
+  assert 'ensemble of' in scoring.describe(results, 0)
+
+
+def _command(args, stdin=None):
+  return subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, text=True,
+                        timeout=300, env=helpers.subprocess_env())
+
+
+@pytest.mark.slow
+def test_eval_and_translate_take_several_steps_or_runs(tmp_path):
+  workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')
+  references = [target for _, target in sources.load_split(config_lib.of_run(workdir).data, 'validation')]
+  baseline = tmp_path / 'baseline.txt'
+  baseline.write_text(''.join(' '.join(ref.split()[::2]) + '\n' for ref in references), encoding='utf-8')
+  result = _command(['eval.py', f'--workdir={workdir}', '--step=2', '--step=4', f'--compare_to={baseline}',
+                     '--compare_method=ar', '--compare_samples=50'])
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(Workdir(workdir).results_file('validation', 'validation', 'ensemble'), encoding='utf-8') as f:
+    saved = json.load(f)
+  assert saved['ensemble'] == [{'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]}]
+  comparison = saved['comparison']
+  assert (comparison['method'], comparison['samples'], comparison['baseline_path']) == ('ar', 50, str(baseline))
+  hypotheses = significance.read_hypotheses(saved['translations']['hyp'], len(references))
+  expected = significance.compare_systems(significance.read_hypotheses(baseline, len(references)), hypotheses,
+                                          references, method='ar', n=50)
+  assert comparison['bleu'] == expected['bleu'] and expected['bleu']['difference'] < 0
+  assert f'{expected["bleu"]["difference"]:+.2f}' in result.stdout and 'ensemble of' in result.stdout
+  result = _command(['-m', 'transformer_jax.translate', f'--workdir={workdir}', f'--workdir={other}',
+                     '--average_last=2'], 'The dog sees the cat.\n\nHe sleeps.\n')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.count('\n') == 3
+
+
+# Two runs of 2+2 layers of width 64, 300 steps each, seeded differently (initialisation and data order) and sharing
+# one tokenizer: about BLEU 50 each on 200 test sentences with greedy search, far from both 0 and 100.
+SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, model__num_heads=4,
+                  model__num_encoder_layers=2, model__num_decoder_layers=2, model__max_len=64,
+                  pipeline__packed_length=64, pipeline__bucket_boundaries=(16, 32, 48, 64),
+                  tokenizer__sample_size=10000, data__builtin_train_size=20000, data__builtin_eval_size=200,
+                  train__num_steps=300, train__warmup_steps=100, train__checkpoint_every=300, pipeline__batch_size=32,
+                  eval__batch_size=200, decode__batch_size=200)
+
+
+@pytest.mark.slow
+def test_an_ensemble_of_two_seeded_runs_scores_at_least_the_better_runs_bleu(tmp_path):
+  workdirs, bleu = [str(tmp_path / 'seed0'), str(tmp_path / 'seed1')], {}
+  for seed, workdir in enumerate(workdirs):
+    if seed:
+      helpers.prepare_workdir(workdir, workdirs[0])  # the first run's tokenizer
+    trainer.train_and_evaluate(helpers.tiny_config(**SEEDED_RUN, train__seed=seed, pipeline__shuffle_seed=seed),
+                               workdir)
+    bleu[workdir] = scoring.evaluate_split(inference.restore(config_lib.of_run(workdir), workdir), workdir,
+                                           'test')['bleu']
+  better = max(workdirs, key=bleu.get)
+  restored = inference.restore_ensemble([(config_lib.of_run(workdir), workdir, None) for workdir in workdirs])
+  results = scoring.evaluate_split(restored, workdirs[0], 'test', significance.Comparison(
+      Workdir(better).final_results_file))
+  print(f'test BLEU on 200 sentences, greedy: runs {list(bleu.values())}, ensemble {results["bleu"]}')
+  print(significance.describe(results['comparison']))
+  assert min(bleu.values()) > 20  # trained far enough for the comparison to mean something
+  assert results['bleu'] >= bleu[better]
