@@ -119,6 +119,27 @@ def test_a_file_that_cannot_be_written_names_it(tmp_path):
   assert _one_line(error).startswith(f'cannot write {blocker}/tokenizer/spm.model (')
 
 
+_UNRAISABLE = """
+from transformer_jax import cli
+class Callback:
+  def __del__(self):  # an error Python can only print, as tensorstore's callbacks into a closed event loop raise
+    raise RuntimeError('Event loop is closed')
+def main(argv):
+  del argv
+  Callback()
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize('verbosity', [0, 1])
+def test_an_error_nothing_can_catch_is_one_line_unless_verbose(verbosity):
+  result = subprocess.run([sys.executable, '-c', _UNRAISABLE, f'--verbosity={verbosity}'], cwd=helpers.REPO,
+                          capture_output=True, text=True, timeout=120, env=helpers.subprocess_env())
+  assert result.returncode == 0
+  assert 'Event loop is closed' in result.stderr
+  assert ('Traceback' in result.stderr) == bool(verbosity), result.stderr
+
+
 # --- checkpoints: a damaged one never blocks a run
 
 

@@ -212,11 +212,12 @@ def _bleu_of(out_dir, sp, lines, references) -> float:
 
 @pytest.mark.slow
 def test_int8_bleu_is_within_one_point_of_float32(tmp_path):
-  """configs/default.py's model trained for 400 of its 800 steps (in process, no final report), its first 300 test
-  sentences translated by CT2 with float32 and int8 weights, beam 4."""
+  """configs/default.py's recipe at width 64 with 2+2 layers and 1000 pieces, 400 steps (about a minute on 2 cores;
+  test BLEU 65), its first 300 test sentences translated by CT2 with float32 and int8 weights, beam 4."""
   workdir = str(tmp_path / 'run')
   config = helpers.default_config()
-  config.train.update(num_steps=400, checkpoint_every=400, eval_every=400)
+  config.model.update(d_model=64, d_ff=256, num_encoder_layers=2, num_decoder_layers=2, vocab_size=1000)
+  config.train.update(num_steps=400, warmup_steps=100, checkpoint_every=400, eval_every=400)
   config.data.builtin_eval_size = 300
   trainer.train_and_evaluate(config, workdir)
   restored = _restore(config, workdir)

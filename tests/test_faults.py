@@ -15,6 +15,7 @@ import pytest
 
 import helpers
 from transformer_jax import trainer
+from transformer_jax.data import sources
 from transformer_jax.workdir import Workdir
 
 pytestmark = pytest.mark.slow
@@ -169,10 +170,22 @@ def test_more_signals_during_the_preemption_save_do_not_lose_it(tmp_path, uninte
   print(f'SIGTERM to exit: {time.time() - sent:.1f} s; a step took {min(step_seconds):.3f}-{max(step_seconds):.3f} s')
 
 
+def _tsv(path, pairs) -> str:
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(f'{source}\t{target}\n' for source, target in pairs)
+  return str(path)
+
+
 def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  # A test split of 512 sentences: the final report decodes 32 batches, long enough to be caught in it.
-  run = _Run(workdir, train__num_steps=4, data__builtin_eval_size=512)
+  # The built-in corpus as files, the test split a named pipe that nobody writes: the final report blocks reading it,
+  # so the signal is sure to come during the report (which a fast report could otherwise finish before).
+  builtin = helpers.tiny_config().data
+  train = _tsv(tmp_path / 'train.tsv', sources.load_split(builtin, 'train'))
+  validation = _tsv(tmp_path / 'validation.tsv', sources.load_split(builtin, 'validation'))
+  os.mkfifo(tmp_path / 'test.tsv')
+  run = _Run(workdir, train__num_steps=4, data__source='files', data__files__train__tsv=train,
+             data__files__validation__tsv=validation, data__files__test__tsv=tmp_path / 'test.tsv')
   run.wait_for('step 4/')
   run.wait_for('restored params of steps')  # the final report has begun
   run.process.send_signal(signal.SIGTERM)

@@ -116,12 +116,27 @@ class _QuietLibraries(py_logging.Filter):
     return True
 
 
+def _unraisable_in_one_line(previous):
+  """A `sys.unraisablehook`: errors nobody can catch (tensorstore's callbacks into a failed save's closed event
+  loop, after the run has said why it stopped) become one logged line each; --verbosity=1 keeps the traceback."""
+
+  def hook(unraisable):
+    if logging.level_debug():
+      previous(unraisable)
+    else:
+      logging.warning('an error raised where nothing can catch it (--verbosity=1 shows where): %s',
+                      one_line(unraisable.exc_value))
+
+  return hook
+
+
 def run(main):
   """`app.run(main)` with one-line flag errors, orbax/grain logs kept short, and USER_ERRORS from `main` as one
   line on stderr."""
 
   def guarded(argv):
     logging.get_absl_handler().addFilter(_QuietLibraries())
+    sys.unraisablehook = _unraisable_in_one_line(sys.unraisablehook)
     try:
       return main(argv)
     except USER_ERRORS as e:
