@@ -1,5 +1,5 @@
 """Test setup: 8 simulated CPU devices for mesh tests, fast compiles, a persistent compilation cache, and the one
-trained language model that several test modules share.
+trained models that several test modules share.
 
 XLA's backend optimisation level 0 compiles ~40% faster; the tests compare implementations and runs with each
 other under the same setting, so it changes no assertion's meaning.
@@ -27,3 +27,22 @@ def trained_lm(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('trained_lm'))
   trainer.train_and_evaluate(config, workdir)
   return config, workdir
+
+
+@pytest.fixture(scope='session')
+def seeded_runs(tmp_path_factory):
+  """Two train.py runs of `helpers.SEEDED_RUN` seeded differently (initialisation and data order), sharing one
+  tokenizer: the ensemble's members and the int8 export's model. One device each with XLA's optimisations (300 steps
+  train twice as fast so); tests using them carry `xdist_group('seeded_runs')`, so one worker trains them once."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import helpers  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp('seeded_runs')
+  workdirs = [str(root / 'seed0'), str(root / 'seed1')]
+  for seed, workdir in enumerate(workdirs):
+    if seed:
+      helpers.prepare_workdir(workdir, workdirs[0])  # the first run's tokenizer
+    command = helpers.train_command(workdir, **helpers.SEEDED_RUN, train__seed=seed, pipeline__shuffle_seed=seed)
+    result = subprocess.run(command, cwd=helpers.REPO, env=helpers.subprocess_env(device_count=1, fast_compile=False),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+  return workdirs

@@ -22,7 +22,6 @@ from transformer_jax import inference
 from transformer_jax import scoring
 from transformer_jax import significance
 from transformer_jax import steps
-from transformer_jax import trainer
 from transformer_jax.data import sources
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -232,24 +231,11 @@ def test_eval_and_translate_take_several_steps_or_runs(tmp_path):
   assert result.stdout.count('\n') == 3
 
 
-# Two runs of 2+2 layers of width 64, 300 steps each, seeded differently (initialisation and data order) and sharing
-# one tokenizer: about BLEU 50 each on 200 test sentences with greedy search, far from both 0 and 100.
-SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, model__num_heads=4,
-                  model__num_encoder_layers=2, model__num_decoder_layers=2, model__max_len=64,
-                  pipeline__packed_length=64, pipeline__bucket_boundaries=(16, 32, 48, 64),
-                  tokenizer__sample_size=10000, data__builtin_train_size=20000, data__builtin_eval_size=200,
-                  train__num_steps=300, train__warmup_steps=100, train__checkpoint_every=300, pipeline__batch_size=32,
-                  eval__batch_size=200, decode__batch_size=200)
-
-
 @pytest.mark.slow
-def test_an_ensemble_of_two_seeded_runs_scores_at_least_the_better_runs_bleu(tmp_path):
-  workdirs, bleu = [str(tmp_path / 'seed0'), str(tmp_path / 'seed1')], {}
-  for seed, workdir in enumerate(workdirs):
-    if seed:
-      helpers.prepare_workdir(workdir, workdirs[0])  # the first run's tokenizer
-    trainer.train_and_evaluate(helpers.tiny_config(**SEEDED_RUN, train__seed=seed, pipeline__shuffle_seed=seed),
-                               workdir)
+@pytest.mark.xdist_group('seeded_runs')
+def test_an_ensemble_of_two_seeded_runs_scores_at_least_the_better_runs_bleu(seeded_runs):
+  workdirs, bleu = seeded_runs, {}
+  for workdir in workdirs:
     bleu[workdir] = scoring.evaluate_split(inference.restore(config_lib.of_run(workdir), workdir), workdir,
                                            'test')['bleu']
   better = max(workdirs, key=bleu.get)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from transformer_jax import config as config_lib
 from transformer_jax import inference
 from transformer_jax import export
 from transformer_jax import scores
@@ -211,15 +212,12 @@ def _bleu_of(out_dir, sp, lines, references) -> float:
 
 
 @pytest.mark.slow
-def test_int8_bleu_is_within_one_point_of_float32(tmp_path):
-  """configs/default.py's recipe at width 64 with 2+2 layers and 1000 pieces, 400 steps (about a minute on 2 cores;
-  test BLEU 65), its first 300 test sentences translated by CT2 with float32 and int8 weights, beam 4."""
-  workdir = str(tmp_path / 'run')
-  config = helpers.default_config()
-  config.model.update(d_model=64, d_ff=256, num_encoder_layers=2, num_decoder_layers=2, vocab_size=1000)
-  config.train.update(num_steps=400, warmup_steps=100, checkpoint_every=400, eval_every=400)
-  config.data.builtin_eval_size = 300
-  trainer.train_and_evaluate(config, workdir)
+@pytest.mark.xdist_group('seeded_runs')
+def test_int8_bleu_is_within_one_point_of_float32(seeded_runs, tmp_path):
+  """The first seeded run (conftest: width 64, 2+2 layers, 1000 pieces, 300 steps), its 200 test sentences
+  translated by CT2 with float32 and int8 weights, beam 4."""
+  workdir = seeded_runs[0]
+  config = config_lib.of_run(workdir)
   restored = _restore(config, workdir)
   sp = spm.SentencePieceProcessor(model_file=restored.tokenizer.path)
   split = sources.load_split(config.data, 'test')
@@ -230,7 +228,7 @@ def test_int8_bleu_is_within_one_point_of_float32(tmp_path):
                                     tmp_path / quantization, quantization=quantization)
     bleu[quantization] = _bleu_of(out, sp, lines, references)
   print(f'test BLEU on {len(lines)} sentences, beam 4: CTranslate2 {bleu}')
-  assert bleu['float32'] > 50  # trained far enough for the comparison to mean something
+  assert bleu['float32'] > 20  # trained far enough for the comparison to mean something
   assert abs(bleu['int8'] - bleu['float32']) <= 1.0
 
 
