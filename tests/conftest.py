@@ -33,7 +33,8 @@ def trained_lm(tmp_path_factory):
 def seeded_runs(tmp_path_factory):
   """Two train.py runs of `helpers.SEEDED_RUN` seeded differently (initialisation and data order), sharing one
   tokenizer: the ensemble's members and the int8 export's model. One device each with XLA's optimisations (300 steps
-  train twice as fast so); tests using them carry `xdist_group('seeded_runs')`, so one worker trains them once."""
+  train twice as fast so); tests using them carry `xdist_group('seeded_runs')` (pytest.ini: --dist=loadgroup), so one worker
+  trains them once."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import helpers  # pylint: disable=import-outside-toplevel
   root = tmp_path_factory.mktemp('seeded_runs')

@@ -48,6 +48,7 @@ def _param_bytes(config) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(_train_step(config).args[0].params))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mesh', ['data', 'fsdp', 'fsdp_tensor'])
 def test_train_step_compiles_for_v4_8(analyses, mesh):
   analysis = analyses(mesh)
@@ -62,6 +63,7 @@ def test_train_step_compiles_for_v4_8(analyses, mesh):
     assert collectives['all-gather'].count > 0 and collectives['all-gather'].bytes > 0  # sharded parameters
 
 
+@pytest.mark.slow
 def test_fsdp_holds_a_quarter_of_the_state_per_chip(analyses):
   total = _param_bytes(small_config('data'))
   data, fsdp = analyses('data').arguments, analyses('fsdp').arguments
@@ -106,6 +108,7 @@ def test_advice_names_the_dominant_cost(mesh, remat, params, temps, expected):
   assert aot.advice(_analysis(1, 1, 1), config) is None  # fits: nothing to change
 
 
+@pytest.mark.slow
 def test_flash_tpu_kernel_compiles_inside_the_train_step():
   config = small_config('fsdp_tensor', attention='flash_tpu')
   program = _train_step(config)

@@ -25,12 +25,17 @@ from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 import helpers
 
+# Every test here trains a model first (or shares one): end-to-end, so slow; on the worker that trains the seeded
+# runs, which the int8 test reuses (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('seeded_runs')]
+
 # A model small enough to train in well under a minute, big enough that greedy outputs differ from sentence to
 # sentence: 2+2 layers of width 32, 200 steps. 500 pieces keep test sentences under max_len=32 tokens.
 VOCAB = 500
 WIDE = dict(model__vocab_size=VOCAB, model__d_model=32, model__d_ff=64, model__num_heads=4,
             model__num_encoder_layers=2, model__num_decoder_layers=2, train__num_steps=200, train__warmup_steps=60,
-            train__checkpoint_every=200, pipeline__batch_size=32, data__builtin_eval_size=64)
+            train__checkpoint_every=200, train__log_every=50, pipeline__batch_size=32,
+            data__builtin_eval_size=64)
 SENTENCES = 32  # test sentences translated by both engines (a multiple of the 8 simulated devices)
 # float32 on two engines sums in different orders: log-probabilities agree to a few 1e-6 (measured: at most 8e-6
 # on the README main-job model, 3e-6 on these variants). A mapping mistake (a transposed kernel, a head order, a
@@ -211,8 +216,6 @@ def _bleu_of(out_dir, sp, lines, references) -> float:
   return scores.sacrebleu_corpus([sp.decode_pieces(r.hypotheses[0]) for r in results], references)[0]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group('seeded_runs')
 def test_int8_bleu_is_within_one_point_of_float32(seeded_runs, tmp_path):
   """The first seeded run (conftest: width 64, 2+2 layers, 1000 pieces, 300 steps), its 200 test sentences
   translated by CT2 with float32 and int8 weights, beam 4."""
@@ -237,7 +240,6 @@ def _command(args, stdin=None):
                         timeout=300, env=helpers.subprocess_env())
 
 
-@pytest.mark.slow
 def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_greedy_search(trained, tmp_path):
   config, workdir = trained
   out = tmp_path / 'ct2'
@@ -262,7 +264,6 @@ def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_gr
   assert len(set(served)) >= SENTENCES // 4
 
 
-@pytest.mark.slow
 def test_the_export_command_refuses_a_model_ct2_cannot_represent_before_restoring_it(trained, tmp_path):
   _, workdir = trained
   with open(Workdir(workdir).config_file, encoding='utf-8') as f:
