@@ -5,6 +5,7 @@ XLA's backend optimisation level 0 compiles ~40% faster; the tests compare imple
 other under the same setting, so it changes no assertion's meaning.
 """
 
+import fcntl
 import os
 import tempfile
 
@@ -29,21 +30,39 @@ def trained_lm(tmp_path_factory):
   return config, workdir
 
 
+def made_once(tmp_path_factory, name: str, make) -> str:
+  """The directory `name` that `make(directory)` fills once per test session, shared by the xdist workers (the
+  first to ask makes it under a file lock, the others wait and reuse it)."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent  # this session's directory, above every worker's own
+  directory = root / name
+  with open(root / f'{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (root / f'{name}.done').exists():
+      directory.mkdir()
+      make(directory)
+      (root / f'{name}.done').touch()
+  return str(directory)
+
+
 @pytest.fixture(scope='session')
 def seeded_runs(tmp_path_factory):
   """Two train.py runs of `helpers.SEEDED_RUN` seeded differently (initialisation and data order), sharing one
   tokenizer: the ensemble's members and the int8 export's model. One device each with XLA's optimisations (300 steps
-  train twice as fast so); tests using them carry `xdist_group('seeded_runs')` (pytest.ini: --dist=loadgroup), so one worker
-  trains them once."""
+  train twice as fast so); made once per session for all workers."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import helpers  # pylint: disable=import-outside-toplevel
-  root = tmp_path_factory.mktemp('seeded_runs')
-  workdirs = [str(root / 'seed0'), str(root / 'seed1')]
-  for seed, workdir in enumerate(workdirs):
-    if seed:
-      helpers.prepare_workdir(workdir, workdirs[0])  # the first run's tokenizer
-    command = helpers.train_command(workdir, **helpers.SEEDED_RUN, train__seed=seed, pipeline__shuffle_seed=seed)
-    result = subprocess.run(command, cwd=helpers.REPO, env=helpers.subprocess_env(device_count=1, fast_compile=False),
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-  return workdirs
+
+  def make(root):
+    for seed in (0, 1):
+      workdir = str(root / f'seed{seed}')
+      if seed:
+        helpers.prepare_workdir(workdir, str(root / 'seed0'))  # the first run's tokenizer
+      command = helpers.train_command(workdir, **helpers.SEEDED_RUN, train__seed=seed, pipeline__shuffle_seed=seed)
+      result = subprocess.run(command, cwd=helpers.REPO, env=helpers.subprocess_env(device_count=1, fast_compile=False),
+                              capture_output=True, text=True, timeout=900)
+      assert result.returncode == 0, result.stderr[-3000:]
+
+  root = made_once(tmp_path_factory, 'seeded_runs', make)
+  return [os.path.join(root, 'seed0'), os.path.join(root, 'seed1')]

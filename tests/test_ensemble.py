@@ -232,7 +232,6 @@ def test_eval_and_translate_take_several_steps_or_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group('seeded_runs')
 def test_an_ensemble_of_two_seeded_runs_scores_at_least_the_better_runs_bleu(seeded_runs):
   workdirs, bleu = seeded_runs, {}
   for workdir in workdirs:

@@ -23,11 +23,11 @@ from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
+import conftest
 import helpers
 
-# Every test here trains a model first (or shares one): end-to-end, so slow; on the worker that trains the seeded
-# runs, which the int8 test reuses (conftest.py).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('seeded_runs')]
+# Every test here trains a model first (or shares one): end-to-end, so slow.
+pytestmark = pytest.mark.slow
 
 # A model small enough to train in well under a minute, big enough that greedy outputs differ from sentence to
 # sentence: 2+2 layers of width 32, 200 steps. 500 pieces keep test sentences under max_len=32 tokens.
@@ -45,10 +45,9 @@ LOG_PROB_TOLERANCE = 1e-4
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('trained'))
   config = helpers.tiny_config(**WIDE)
-  trainer.train_and_evaluate(config, workdir)
-  return config, workdir
+  return config, conftest.made_once(tmp_path_factory, 'export_model',
+                                    lambda workdir: trainer.train_and_evaluate(config, str(workdir)))
 
 
 def _restore(config, workdir):
