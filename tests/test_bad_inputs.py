@@ -131,6 +131,7 @@ cli.run(main)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('verbosity', [0, 1])
 def test_an_error_nothing_can_catch_is_one_line_unless_verbose(verbosity):
   result = subprocess.run([sys.executable, '-c', _UNRAISABLE, f'--verbosity={verbosity}'], cwd=helpers.REPO,
