@@ -65,8 +65,12 @@ class _Run:
 
   def finish(self, timeout: float = 300) -> int:
     deadline = time.time() + timeout
-    while (line := self._queue.get(timeout=max(deadline - time.time(), 0.01))) is not None:
-      self.lines.append(line)
+    try:
+      while (line := self._queue.get(timeout=max(deadline - time.time(), 0.01))) is not None:
+        self.lines.append(line)
+    except queue.Empty:
+      self.process.kill()
+      raise AssertionError(f'no end of output after {timeout} s; got:\n' + ''.join(self.lines[-30:])) from None
     return self.process.wait(timeout=60)
 
   @property

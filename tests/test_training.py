@@ -4,11 +4,14 @@ and stop the loop with a message (or are skipped); the logs; and one-line errors
 
 import functools
 import glob
+import io
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import time
@@ -21,7 +24,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import helpers
-from transformer_jax import checkpoint, metrics, sharding, steps, trainer
+from transformer_jax import checkpoint, metrics, preemption, sharding, steps, trainer
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.workdir import Workdir
@@ -370,3 +373,22 @@ def test_train_py_keeps_compiled_programs_beside_the_workdir_by_default(tmp_path
   cache = tmp_path / 'jax_compilation_cache'
   assert f'compilation cache: {cache}' in result.stderr
   assert any(cache.iterdir())  # the train step (and more) stored for the next run
+
+
+def test_a_signal_while_a_line_is_being_logged_still_stops_the_final_report():
+  """logging catches every Exception raised while it writes (and prints it as a logging error): the stop must
+  get through, as it did not when a SIGTERM landed while the final report logged a line."""
+
+  class SignalledWhileFlushing(logging.StreamHandler):
+    def flush(self):
+      os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode, inside emit's try
+      super().flush()
+
+  logger = logging.getLogger('test_signal_while_logging')
+  logger.addHandler(SignalledWhileFlushing(io.StringIO()))
+  logger.propagate = False
+  with preemption.StopRequest() as stop:
+    with pytest.raises(preemption.StopRequested):
+      with stop.raising():
+        logger.warning('a line of the final report')
+    assert stop.requested(step=1)  # and the request is remembered

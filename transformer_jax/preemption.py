@@ -17,8 +17,10 @@ import signal
 from absl import logging
 
 
-class StopRequested(Exception):
-  """A signal arrived where no step is running to finish first (the final report): stop now."""
+class StopRequested(BaseException):
+  """A signal arrived where no step is running to finish first (the final report): stop now. A BaseException, as
+  KeyboardInterrupt is, so that no `except Exception` it passes through (logging's own, while a line is written)
+  swallows it."""
 
 
 class StopRequest:
@@ -43,6 +45,7 @@ class StopRequest:
 
   def _handle(self, signum, frame):
     if self._raise:
+      self._signalled = signum
       raise StopRequested(f'signal {signum}')
     if self._signalled is None:
       logging.warning('received signal %d: saving and stopping after this step', signum)
