@@ -36,10 +36,14 @@ def _en_below_1000(n: int) -> str:
   return f'{head} and {_en_below_100(rest)}' if rest else head
 
 
-def english_number(n: int) -> str:
-  """0..999999 in British English words: 1042 -> 'one thousand and forty-two'."""
+def _check_range(n: int) -> None:
   if not 0 <= n <= MAX_NUMBER:
     raise ValueError(f'number {n} is outside 0..{MAX_NUMBER}')
+
+
+def english_number(n: int) -> str:
+  """0..999999 in British English words: 1042 -> 'one thousand and forty-two'."""
+  _check_range(n)
   if n == 0:
     return 'zero'
   thousands, rest = divmod(n, 1000)
@@ -71,8 +75,7 @@ def _de_below_1000(n: int, final: bool) -> str:
 
 def german_number(n: int) -> str:
   """0..999999 as one German word: 42 -> 'zweiundvierzig', 101 -> 'hunderteins'."""
-  if not 0 <= n <= MAX_NUMBER:
-    raise ValueError(f'number {n} is outside 0..{MAX_NUMBER}')
+  _check_range(n)
   if n == 0:
     return 'null'
   thousands, rest = divmod(n, 1000)
