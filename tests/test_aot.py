@@ -74,6 +74,7 @@ def test_fsdp_holds_a_quarter_of_the_state_per_chip(analyses):
   assert fsdp['optimizer'] < 0.3 * data['optimizer']
 
 
+@pytest.mark.slow
 def test_oversized_config_does_not_fit_and_says_what_to_change():
   # 1M-piece vocabulary × d_model 2048: 2.1G parameters, 24 GiB with Adam's moments, replicated on 16 GiB chips.
   config = small_config('data', topology='v5e-8', vocab_size=1 << 20, d_model=2048, d_ff=256)

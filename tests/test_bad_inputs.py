@@ -155,6 +155,7 @@ def trained(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_evaluation_falls_back_from_a_damaged_latest_checkpoint_and_keeps_it(trained, tmp_path, caplog):
   workdir = str(tmp_path / 'run')
   shutil.copytree(trained, workdir)
@@ -172,6 +173,7 @@ def test_evaluation_falls_back_from_a_damaged_latest_checkpoint_and_keeps_it(tra
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == digest  # nothing deleted or rewritten
 
 
+@pytest.mark.slow
 def test_a_workdir_past_the_configured_steps_is_refused_untouched(trained):
   before = helpers.tree_digest(trained)
   with pytest.raises(ValueError) as error:

@@ -23,6 +23,8 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
 
+pytestmark = pytest.mark.slow  # every test runs the training loop
+
 NUM_STEPS, STOP_AT = 8, 5
 SAVE_EVERY, KEEP = 2, 2
 
@@ -180,7 +182,6 @@ def _start(workdir, **overrides):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.slow
 @translator_only
 def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   workdir = helpers.prepare_workdir(str(tmp_path / 'preempted'), uninterrupted[0])
@@ -209,7 +210,6 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, uninterrupted):
   assert np.isfinite(result['metrics']['loss'])
 
 
-@pytest.mark.slow
 @translator_only
 def test_kill_9_during_async_saves_leaves_a_restorable_checkpoint(tmp_path, uninterrupted):
   workdir = helpers.prepare_workdir(str(tmp_path / 'killed'), uninterrupted[0])

@@ -71,18 +71,25 @@ def _before_pad(row) -> int:
   return row.index(PAD_ID) if PAD_ID in row else len(row)
 
 
+def _alone(member: ensemble.Member, search):
+  """`search(logits_fn, cache, batch)` over the model's own cached logits (no ensemble), as one jitted program."""
+  def run(params, inputs):
+    start = inference._start(member.model, params, inputs)
+    logits_fn, cache = inference._cached_logits_fn(member.model, params, start, MAX_DECODE_LEN)
+    return search(logits_fn, cache, inputs.shape[0])
+  return jax.jit(run)(member.params, _inputs())
+
+
 def test_an_ensemble_of_one_decodes_as_the_model_alone():
   member = _member(SMALL, seed=0)
-  inputs = _inputs()
-  start = inference._start(member.model, member.params, inputs)
-  logits_fn, cache = inference._cached_logits_fn(member.model, member.params, start, MAX_DECODE_LEN)
-  alone_tokens, alone_scores = decoding.beam_search(logits_fn, cache, inputs.shape[0], beam_size=4, alpha=ALPHA,
-                                                    max_decode_len=MAX_DECODE_LEN)
+  alone_tokens, alone_scores = _alone(member, lambda logits_fn, cache, batch: decoding.beam_search(
+      logits_fn, cache, batch, beam_size=4, alpha=ALPHA, max_decode_len=MAX_DECODE_LEN))
   tokens, scores = _decode([member], 'beam')
   np.testing.assert_array_equal(tokens, np.asarray(alone_tokens)[:, 0])
   # One more log-softmax of already normalised values: float32 rounding only.
   np.testing.assert_allclose(scores, np.asarray(alone_scores)[:, 0], rtol=1e-6)
-  greedy = decoding.greedy_search(logits_fn, cache, inputs.shape[0], max_decode_len=MAX_DECODE_LEN)
+  greedy = _alone(member, lambda logits_fn, cache, batch: decoding.greedy_search(
+      logits_fn, cache, batch, max_decode_len=MAX_DECODE_LEN))
   np.testing.assert_array_equal(_decode([member], 'greedy')[0], np.asarray(greedy))
   assert len({tuple(row) for row in tokens}) > 1  # outputs that depend on the input
 

@@ -46,6 +46,7 @@ def _host(tree):
   return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('run', ['trained', 'trained_lm'])
 def test_restore_onto_one_device_and_eight(run, request):
   config, workdir = request.getfixturevalue(run)
@@ -57,6 +58,7 @@ def test_restore_onto_one_device_and_eight(run, request):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('run', ['trained', 'trained_lm'])
 def test_checkpoint_from_one_device_restores_on_eight_fsdp(run, request, tmp_path):
   config, workdir = request.getfixturevalue(run)
@@ -78,6 +80,7 @@ def test_checkpoint_from_one_device_restores_on_eight_fsdp(run, request, tmp_pat
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_restore_a_given_step_and_unknown_step(trained):
   config, workdir = trained
   assert inference.restore(config, workdir, step=20).steps == [20]
@@ -85,6 +88,7 @@ def test_restore_a_given_step_and_unknown_step(trained):
     inference.restore(config, workdir, step=25)
 
 
+@pytest.mark.slow
 def test_averaging(trained, tmp_path):
   config, workdir = trained
   steps_params = {s: _host(inference.restore(config, workdir, step=s).params) for s in (20, 30)}
@@ -107,6 +111,7 @@ def test_averaging(trained, tmp_path):
     inference.restore(config, workdir, average_last=9)
 
 
+@pytest.mark.slow
 def test_save_averaged_checkpoint(trained):
   config, workdir = trained
   restored = inference.restore(config, workdir, average_last=3)
@@ -125,6 +130,7 @@ def _inputs(restored, sentences):
 SENTENCES = ['The dog sees the cat.', 'I paint the glass.', 'Does she visit eight sisters?', 'He sleeps.']
 
 
+@pytest.mark.slow
 def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
   config, workdir = trained
   restored = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
@@ -146,6 +152,7 @@ def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
       assert np.all(row[list(row).index(EOS_ID) + 1:] == PAD_ID)
 
 
+@pytest.mark.slow
 def test_evaluate_split_writes_bleu_results_and_translations(trained):
   config, workdir = trained
   restored = inference.restore(config, workdir)
@@ -167,6 +174,7 @@ def test_evaluate_split_writes_bleu_results_and_translations(trained):
   assert 'BLEU' in text and text.count('reference:') == 2
 
 
+@pytest.mark.slow
 def test_translate_lines_empty_and_too_long(trained):
   config, workdir = trained
   restored = inference.restore(config, workdir)

@@ -203,6 +203,7 @@ def test_bits_per_byte_and_unigram_perplexity_by_hand():
   assert metrics.unigram_perplexity(train, heldout, 5) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_evaluation_reports_perplexity_bits_per_byte_and_the_unigram_baseline(trained_lm):
   config, workdir = trained_lm
   restored = inference.restore(config, workdir)
@@ -223,6 +224,7 @@ def test_evaluation_reports_perplexity_bits_per_byte_and_the_unigram_baseline(tr
   assert document.startswith(prompt) and f'  sample:    {sample}' in text
 
 
+@pytest.mark.slow
 def test_prompts_longer_than_the_model_are_refused_or_fitted(trained_lm):
   config, workdir = trained_lm
   restored = inference.restore(config, workdir)

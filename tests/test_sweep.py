@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from transformer_jax import sweep
+import helpers
 from configs.table3 import VARIANTS
+from transformer_jax import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -211,7 +212,7 @@ def micro_sweep(tmp_path_factory):
   base, sweep_file, root = str(tmp / 'micro.py'), str(tmp / 'micro_sweep.py'), str(tmp / 'root')
   _write(base, MICRO_CONFIG)
   _write(sweep_file, MICRO_SWEEP)
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
+  env = helpers.subprocess_env(device_count=1)
   variants = sweep.variants(sweep.load_sweep_file(sweep_file).get_sweep())
   interrupted = os.path.join(root, variants[0].name)
   first = subprocess.run(sweep.command(base, variants[0], root) + ['--config.train.num_steps=4'], cwd=ROOT,

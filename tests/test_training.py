@@ -203,6 +203,7 @@ def _events(workdir):
   return scalars
 
 
+@pytest.mark.slow
 def test_logs_hold_the_training_metrics(good_run):
   train = helpers.read_metrics(good_run)
   assert [r['step'] for r in train] == [1, 2, 3, 4]
@@ -254,6 +255,7 @@ overflow_ok = pytest.mark.filterwarnings('ignore:overflow encountered in cast:Ru
 
 
 @overflow_ok
+@pytest.mark.slow
 def test_non_finite_stops_with_a_message_and_keeps_the_last_good_checkpoint(good_run, tmp_path):
   workdir = _copy_run(good_run, tmp_path)
   before = helpers.tree_digest(Workdir(workdir).checkpoints)
@@ -266,6 +268,7 @@ def test_non_finite_stops_with_a_message_and_keeps_the_last_good_checkpoint(good
 
 
 @overflow_ok
+@pytest.mark.slow
 def test_non_finite_skip_mode_never_applies_or_saves_it(good_run, tmp_path):
   workdir = _copy_run(good_run, tmp_path)
   config = helpers.tiny_config(train__num_steps=6, train__on_nonfinite='skip', **BLOW_UP)
@@ -349,6 +352,7 @@ def test_the_dispatch_window_waits_for_the_oldest_step_only():
     assert waited == list(range(1, max(step - 2, 0) + 1))  # the host never has more than 2 steps in flight
 
 
+@pytest.mark.slow
 def test_every_bucket_shape_compiles_before_the_first_step(tmp_path):
   """Token budgets with four length buckets: one compile record, before step 1, for all four shapes."""
   workdir = str(tmp_path / 'buckets')

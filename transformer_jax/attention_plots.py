@@ -23,6 +23,7 @@ from transformer_jax import config as config_lib  # noqa: E402
 from transformer_jax import inference  # noqa: E402
 from transformer_jax import layer_layout  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
+from transformer_jax.model_config import ModelConfig  # noqa: E402
 
 KINDS = {'encoder': ('encoder', 'self_attention'), 'decoder': ('decoder', 'self_attention'),
          'cross': ('decoder', 'cross_attention')}
@@ -66,9 +67,9 @@ def plot_heads(weights: np.ndarray, query_tokens: list[str], key_tokens: list[st
   return path
 
 
-def _check_request(restored, sentence: str, target: str | None, out_dir: str, layers, head) -> None:
-  """Everything a plot needs, checked before any work: one line naming the flag that is wrong."""
-  cfg = restored.model.config
+def check_request(cfg: ModelConfig, sentence: str, target: str | None, out_dir: str, layers, head) -> None:
+  """Everything a plot needs, checked before any work (the tool checks before restoring the checkpoint): one line
+  naming the flag that is wrong."""
   if not sentence.strip():
     raise ValueError('--sentence is blank: pass the source sentence to plot.')
   if target is not None and not target.strip():
@@ -86,7 +87,7 @@ def _check_request(restored, sentence: str, target: str | None, out_dir: str, la
 def plot_sentence(restored, sentence: str, out_dir: str, *, target: str | None = None, kinds=tuple(KINDS),
                   layers=None, head=None) -> list[str]:
   """Writes one PNG per (kind, layer) for `sentence`; returns the paths."""
-  _check_request(restored, sentence, target, out_dir, layers, head)
+  check_request(restored.model.config, sentence, target, out_dir, layers, head)
   tok, max_len = restored.tokenizer, restored.model.config.max_len
   (source_ids,) = inference.encode_lines([sentence], tok, max_len, False, what='--sentence', fix='shorten it')
   if target is None:
@@ -120,9 +121,10 @@ def main(argv):
   if len(argv) > 1 or not _WORKDIR.value or _SENTENCE.value is None:
     raise app.UsageError('usage: python -m transformer_jax.attention_plots --workdir=DIR --sentence="..."')
   config = config_lib.of_run(_WORKDIR.value)
-  restored = inference.restore(config, _WORKDIR.value)
   kinds = tuple(KINDS) if _KIND.value == 'all' else (_KIND.value,)
   layers = None if _LAYER.value is None else [_LAYER.value]
+  check_request(ModelConfig.from_dict(config.model), _SENTENCE.value, _TARGET.value, _OUT.value, layers, _HEAD.value)
+  restored = inference.restore(config, _WORKDIR.value)
   for path in plot_sentence(restored, _SENTENCE.value, _OUT.value, target=_TARGET.value, kinds=kinds, layers=layers,
                             head=_HEAD.value):
     print(path)
