@@ -208,32 +208,6 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
   assert not (out / 'config.json').exists()
 
 
-def _bleu_of(out_dir, sp, lines, references) -> float:
-  translator = ctranslate2.Translator(str(out_dir), device='cpu', intra_threads=2)
-  results = translator.translate_batch([sp.encode(line, out_type=str) for line in lines], beam_size=4,
-                                       max_batch_size=64)
-  return scores.sacrebleu_corpus([sp.decode_pieces(r.hypotheses[0]) for r in results], references)[0]
-
-
-def test_int8_bleu_is_within_one_point_of_float32(seeded_runs, tmp_path):
-  """The first seeded run (conftest: width 64, 2+2 layers, 1000 pieces, 300 steps), its 200 test sentences
-  translated by CT2 with float32 and int8 weights, beam 4."""
-  workdir = seeded_runs[0]
-  config = config_lib.of_run(workdir)
-  restored = _restore(config, workdir)
-  sp = spm.SentencePieceProcessor(model_file=restored.tokenizer.path)
-  split = sources.load_split(config.data, 'test')
-  lines, references = [s for s, _ in split], [t for _, t in split]
-  bleu = {}
-  for quantization in ('float32', 'int8'):
-    out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer.path,
-                                    tmp_path / quantization, quantization=quantization)
-    bleu[quantization] = _bleu_of(out, sp, lines, references)
-  print(f'test BLEU on {len(lines)} sentences, beam 4: CTranslate2 {bleu}')
-  assert bleu['float32'] > 20  # trained far enough for the comparison to mean something
-  assert abs(bleu['int8'] - bleu['float32']) <= 1.0
-
-
 def _command(args, stdin=None):
   return subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, text=True,
                         timeout=300, env=helpers.subprocess_env())
@@ -275,3 +249,29 @@ def test_the_export_command_refuses_a_model_ct2_cannot_represent_before_restorin
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 1 and len(lines) == 1 and 'needs d_k == d_v' in lines[0]
   assert not (tmp_path / 'out').exists()
+
+
+def _bleu_of(out_dir, sp, lines, references) -> float:
+  translator = ctranslate2.Translator(str(out_dir), device='cpu', intra_threads=2)
+  results = translator.translate_batch([sp.encode(line, out_type=str) for line in lines], beam_size=4,
+                                       max_batch_size=64)
+  return scores.sacrebleu_corpus([sp.decode_pieces(r.hypotheses[0]) for r in results], references)[0]
+
+
+def test_int8_bleu_is_within_one_point_of_float32(seeded_runs, tmp_path):
+  """The first seeded run (conftest: width 64, 2+2 layers, 1000 pieces, 300 steps), its 200 test sentences
+  translated by CT2 with float32 and int8 weights, beam 4."""
+  workdir = seeded_runs[0]
+  config = config_lib.of_run(workdir)
+  restored = _restore(config, workdir)
+  sp = spm.SentencePieceProcessor(model_file=restored.tokenizer.path)
+  split = sources.load_split(config.data, 'test')
+  lines, references = [s for s, _ in split], [t for _, t in split]
+  bleu = {}
+  for quantization in ('float32', 'int8'):
+    out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer.path,
+                                    tmp_path / quantization, quantization=quantization)
+    bleu[quantization] = _bleu_of(out, sp, lines, references)
+  print(f'test BLEU on {len(lines)} sentences, beam 4: CTranslate2 {bleu}')
+  assert bleu['float32'] > 20  # trained far enough for the comparison to mean something
+  assert abs(bleu['int8'] - bleu['float32']) <= 1.0
