@@ -120,6 +120,7 @@ def test_a_file_that_cannot_be_written_names_it(tmp_path):
 
 
 _UNRAISABLE = """
+import asyncio, gc
 from transformer_jax import cli
 class Callback:
   def __del__(self):  # an error Python can only print, as tensorstore's callbacks into a closed event loop raise
@@ -127,6 +128,16 @@ class Callback:
 def main(argv):
   del argv
   Callback()
+  # A failed write nobody awaits any more, as a failed orbax save leaves them: asyncio logs it when it is collected.
+  loop = asyncio.new_event_loop()
+  future = loop.create_future()
+  try:
+    raise ValueError('OUT_OF_RANGE: Error writing a fragment')
+  except ValueError as e:
+    future.set_exception(e)
+  del future
+  gc.collect()
+  loop.close()
 cli.run(main)
 """
 
@@ -138,6 +149,7 @@ def test_an_error_nothing_can_catch_is_one_line_unless_verbose(verbosity):
                           capture_output=True, text=True, timeout=120, env=helpers.subprocess_env())
   assert result.returncode == 0
   assert 'Event loop is closed' in result.stderr
+  assert 'exception was never retrieved' in result.stderr and 'Error writing a fragment' in result.stderr
   assert ('Traceback' in result.stderr) == bool(verbosity), result.stderr
 
 

@@ -104,10 +104,11 @@ def _flag_error(error: BaseException) -> str:
 
 class _QuietLibraries(py_logging.Filter):
   """orbax and grain: drops their per-save INFO chatter and, unless --verbosity=1, the tracebacks of their errors
-  (the error itself stays; the run reports it in one line of its own)."""
+  (the error itself stays; the run reports it in one line of its own). asyncio likewise: its event loop logs the
+  failed writes of a failed orbax save that nobody awaited any more ('Future exception was never retrieved')."""
 
   def filter(self, record):
-    if not any(part in record.pathname for part in ('/orbax/', '/grain/')):
+    if not any(part in record.pathname for part in ('/orbax/', '/grain/', '/asyncio/')):
       return True
     if record.levelno < py_logging.WARNING:
       return False
