@@ -67,7 +67,7 @@ def plot_heads(weights: np.ndarray, query_tokens: list[str], key_tokens: list[st
   return path
 
 
-def check_request(cfg: ModelConfig, sentence: str, target: str | None, out_dir: str, layers, head) -> None:
+def _check_request(cfg: ModelConfig, sentence: str, target: str | None, out_dir: str, layers, head) -> None:
   """Everything a plot needs, checked before any work (the tool checks before restoring the checkpoint): one line
   naming the flag that is wrong."""
   if not sentence.strip():
@@ -87,7 +87,7 @@ def check_request(cfg: ModelConfig, sentence: str, target: str | None, out_dir: 
 def plot_sentence(restored, sentence: str, out_dir: str, *, target: str | None = None, kinds=tuple(KINDS),
                   layers=None, head=None) -> list[str]:
   """Writes one PNG per (kind, layer) for `sentence`; returns the paths."""
-  check_request(restored.model.config, sentence, target, out_dir, layers, head)
+  _check_request(restored.model.config, sentence, target, out_dir, layers, head)
   tok, max_len = restored.tokenizer, restored.model.config.max_len
   (source_ids,) = inference.encode_lines([sentence], tok, max_len, False, what='--sentence', fix='shorten it')
   if target is None:
@@ -123,7 +123,7 @@ def main(argv):
   config = config_lib.of_run(_WORKDIR.value)
   kinds = tuple(KINDS) if _KIND.value == 'all' else (_KIND.value,)
   layers = None if _LAYER.value is None else [_LAYER.value]
-  check_request(ModelConfig.from_dict(config.model), _SENTENCE.value, _TARGET.value, _OUT.value, layers, _HEAD.value)
+  _check_request(ModelConfig.from_dict(config.model), _SENTENCE.value, _TARGET.value, _OUT.value, layers, _HEAD.value)
   restored = inference.restore(config, _WORKDIR.value)
   for path in plot_sentence(restored, _SENTENCE.value, _OUT.value, target=_TARGET.value, kinds=kinds, layers=layers,
                             head=_HEAD.value):
