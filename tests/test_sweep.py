@@ -13,8 +13,6 @@ import helpers
 from configs.table3 import VARIANTS
 from transformer_jax import sweep
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 MICRO_CONFIG = '''
 from transformer_jax.config import base_config
 
@@ -95,7 +93,7 @@ def test_commands_and_config_args():
 
 
 def test_variant_config_validates():
-  base = os.path.join(ROOT, 'configs', 'wmt14_ende_base.py') + ':runlocal'
+  base = os.path.join(helpers.REPO, 'configs', 'wmt14_ende_base.py') + ':runlocal'
   config = sweep.variant_config(base, sweep.Variant('v', {'model.num_heads': 4}, 'C_N2'))
   assert (config.model.num_heads, config.model.num_encoder_layers) == (4, 1)
   with pytest.raises(ValueError, match='variant bad: model.num_head: the config has no key model.num_head'):
@@ -105,17 +103,17 @@ def test_variant_config_validates():
   with pytest.raises(ValueError, match='variant bad: model.d_model=32 is not divisible by model.num_heads=3'):
     sweep.variant_config(base, sweep.Variant('bad', {'model.num_heads': 3}, None))
   with pytest.raises(ValueError, match=r"unknown config argument\(s\) \['A_h16'\]"):  # a row of another file
-    sweep.variant_config(os.path.join(ROOT, 'configs', 'default.py'), sweep.Variant('v', {}, 'A_h16'))
+    sweep.variant_config(os.path.join(helpers.REPO, 'configs', 'default.py'), sweep.Variant('v', {}, 'A_h16'))
 
 
 def test_table3_runlocal_sweep_is_every_row_over_runlocal():
-  module = sweep.load_sweep_file(os.path.join(ROOT, 'configs', 'sweeps', 'table3_runlocal.py'))
+  module = sweep.load_sweep_file(os.path.join(helpers.REPO, 'configs', 'sweeps', 'table3_runlocal.py'))
   variants = sweep.variants(module.get_sweep())
   assert [v.name for v in variants] == list(VARIANTS)
   for variant in variants:
     assert variant.overrides == {}
     assert sweep.config_spec(module.CONFIG, variant) == f'configs/wmt14_ende_base.py:runlocal,{variant.name}'
-  config = sweep.variant_config(os.path.join(ROOT, module.CONFIG), variants[list(VARIANTS).index('A_h16')])
+  config = sweep.variant_config(os.path.join(helpers.REPO, module.CONFIG), variants[list(VARIANTS).index('A_h16')])
   assert (config.data.source, config.model.num_heads, config.model.d_k) == ('builtin', 16, 2)
 
 
@@ -215,13 +213,13 @@ def micro_sweep(tmp_path_factory):
   env = helpers.subprocess_env(device_count=1)
   variants = sweep.variants(sweep.load_sweep_file(sweep_file).get_sweep())
   interrupted = os.path.join(root, variants[0].name)
-  first = subprocess.run(sweep.command(base, variants[0], root) + ['--config.train.num_steps=4'], cwd=ROOT,
+  first = subprocess.run(sweep.command(base, variants[0], root) + ['--config.train.num_steps=4'], cwd=helpers.REPO,
                          env=env, capture_output=True, text=True, timeout=300)
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   assert sweep.latest_checkpoint(interrupted) == 4
   assert sweep.is_finished(interrupted, 4) and not sweep.is_finished(interrupted, 8)
   proc = subprocess.run([sys.executable, 'sweep.py', f'--config={base}', f'--sweep={sweep_file}',
-                         f'--workdir={root}'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         f'--workdir={root}'], cwd=helpers.REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return {'base': base, 'sweep_file': sweep_file, 'root': root, 'variants': variants, 'stdout': proc.stdout,
           'env': env}
@@ -294,7 +292,7 @@ def test_rerun_skips_finished_variants(micro_sweep):
 def test_print_commands_lists_unfinished_variants(micro_sweep, tmp_path):
   proc = subprocess.run([sys.executable, 'sweep.py', f'--config={micro_sweep["base"]}',
                          f'--sweep={micro_sweep["sweep_file"]}', f'--workdir={tmp_path}', '--print_commands'],
-                        cwd=ROOT, env=micro_sweep['env'], capture_output=True, text=True, timeout=120)
+                        cwd=helpers.REPO, env=micro_sweep['env'], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert len(lines) == 4 and all('train.py --config=' in line for line in lines)

@@ -132,8 +132,8 @@ def _unraisable_in_one_line(previous):
 
 
 def run(main):
-  """`app.run(main)` with one-line flag errors, orbax/grain logs kept short, uncatchable (unraisable) errors logged
-  in one line each, and USER_ERRORS from `main` as one line on stderr."""
+  """`app.run(main)` with one-line flag errors, orbax/grain/asyncio logs kept short, uncatchable (unraisable)
+  errors logged in one line each, and USER_ERRORS from `main` as one line on stderr."""
 
   def guarded(argv):
     logging.get_absl_handler().addFilter(_QuietLibraries())
