@@ -18,7 +18,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from orbax.checkpoint._src.metadata import array_metadata_store  # what orbax's default array handler is given
 
+from transformer_jax import cpu_backend
 from transformer_jax.errors import one_line
 
 STATE, DATA = 'state', 'data'
@@ -36,13 +38,28 @@ class SaveError(OSError):
 
 
 def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None, async_save: bool = True,
-                 create: bool = True) -> ocp.CheckpointManager:
+                 create: bool = True, replica_parallel: bool | None = None) -> ocp.CheckpointManager:
   """An orbax manager over `directory` (a `Workdir.checkpoints`) with the state and data-iterator items; a
-  writing one (`create`) first removes the temporary directories of saves a kill interrupted."""
+  writing one (`create`) first removes the temporary directories of saves a kill interrupted. `replica_parallel`:
+  whether a replicated array's save is split across its replicas (None: `cpu_backend.replica_parallel_saves()`)."""
   options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=keep, create=create,
                                          enable_async_checkpointing=async_save, cleanup_tmp_directories=create)
-  handlers = {STATE: ocp.PyTreeCheckpointHandler(), DATA: grain.checkpoint.CheckpointHandler()}
+  handlers = {STATE: _state_handler(replica_parallel), DATA: grain.checkpoint.CheckpointHandler()}
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+
+
+def _state_handler(replica_parallel: bool | None) -> ocp.PyTreeCheckpointHandler:
+  """The state item's handler: orbax's, with replica-parallel array saves switched as asked (a checkpoint
+  restores the same either way)."""
+  if replica_parallel is None:
+    replica_parallel = cpu_backend.replica_parallel_saves()
+  if replica_parallel:
+    return ocp.PyTreeCheckpointHandler()
+  arrays = ocp.type_handlers.ArrayHandler(use_replica_parallel=False,
+                                          array_metadata_store=array_metadata_store.Store())
+  defaults = [(t, ocp.type_handlers.get_type_handler(t)) for t in ocp.type_handlers.supported_types()]
+  return ocp.PyTreeCheckpointHandler(
+      type_handler_registry=ocp.type_handlers.create_type_handler_registry(*defaults, (jax.Array, arrays)))
 
 
 def open_existing(directory: str) -> ocp.CheckpointManager:

@@ -1,4 +1,5 @@
-"""The XLA:CPU backend's speed-ups, behind one seam: hand-written backward passes and host-memory reuse.
+"""The XLA:CPU backend's speed-ups, behind one seam: hand-written backward passes, host-memory reuse, and
+checkpoint saves that copy each array once.
 
 The model and the loss use stock JAX/Flax pieces on every backend. On a CPU (`model.cpu_kernels='auto'`, the
 default, there; 'on'/'off' force it) three of them take backward passes written for XLA:CPU's layouts, with the
@@ -181,6 +182,14 @@ def reuse_host_memory() -> bool:
     return False
   never_trim = -1  # read by glibc as SIZE_MAX
   return bool(mallopt(_M_ARENA_MAX, 1) and mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, never_trim))
+
+
+def replica_parallel_saves() -> bool:
+  """Whether checkpoint saves split each replicated array across its replicas (orbax's default, so that devices
+  and hosts share the copies off the accelerators). Not on the CPU: its devices are one host memory, where the
+  split only adds a dispatched slice per replica and array (a save of the default config's state on 8 CPU
+  devices blocks the loop 7x longer with it, bench/RESULTS.md)."""
+  return jax.default_backend() != 'cpu'
 
 
 def will_run_on_cpu(platforms: str | None = None) -> bool:

@@ -1,0 +1,67 @@
+"""Checkpoint saves with and without replica-parallel writes, side by side on the CPU's simulated devices.
+
+A config's sharded train state (params and Adam moments, replicated over a data-parallel mesh) is saved
+--saves times with each setting of `checkpoint.make_manager(replica_parallel=...)`, in alternating rounds, and
+the seconds a save blocks the training loop (the device-to-host copy; the write to disk is asynchronous) are
+reported. Example: python -m bench.checkpoint_saves --devices=8 --config=tiny
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--devices', type=int, default=8, help='simulated CPU devices (a data-parallel mesh)')
+  parser.add_argument('--config', choices=('tiny', 'default'), default='tiny',
+                      help="tiny: the tests' 1+1-layer width-16 model; default: configs/default.py's model")
+  parser.add_argument('--saves', type=int, default=5, help='timed saves per setting and round')
+  parser.add_argument('--rounds', type=int, default=3)
+  args = parser.parse_args()
+  os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={args.devices}'
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+  import jax  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
+  from bench import common  # pylint: disable=import-outside-toplevel
+  from configs import default  # pylint: disable=import-outside-toplevel
+  from transformer_jax import checkpoint, sharding, steps  # pylint: disable=import-outside-toplevel
+
+  config = default.get_config()
+  if args.config == 'tiny':
+    config.model.update(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+    config.model.vocab_size = 200
+  config.mesh.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.rules_from_config(config.mesh)
+  model, tx, _ = steps.training_objects(config)
+  state, _ = steps.create_sharded_state(model, tx, 0, (sharding.data_parallel_size(mesh), 8), mesh, rules)
+  state = state.as_dict()
+
+  seconds = {True: [], False: []}
+  with tempfile.TemporaryDirectory() as root:
+    for round_ in range(args.rounds + 1):  # round 0 warms up both settings
+      for replica_parallel in (True, False):
+        manager = checkpoint.make_manager(os.path.join(root, f'{replica_parallel}{round_}'),
+                                          replica_parallel=replica_parallel)
+        for step in range(args.saves):
+          start = time.perf_counter()
+          checkpoint.save(manager, step, state, force=True)
+          if round_:
+            seconds[replica_parallel].append(time.perf_counter() - start)
+          manager.wait_until_finished()
+        manager.close()
+  rows = []
+  for replica_parallel, times in seconds.items():
+    record = {'bench': 'checkpoint_saves', 'config': args.config, 'devices': jax.device_count(),
+              'replica_parallel': replica_parallel, 'save_blocking_s': common.median(times), 'saves': len(times),
+              **common.machine(), 'jax': jax.__version__}
+    common.emit(record)
+    rows.append([str(replica_parallel), f'{record["save_blocking_s"] * 1e3:.0f}'])
+  print(common.markdown_table(['replica_parallel', 'save blocks the loop, ms (median)'], rows), file=sys.stderr)
+
+
+if __name__ == '__main__':
+  main()
