@@ -31,6 +31,15 @@ def trained_lm(tmp_path_factory):
   return config, workdir
 
 
+@pytest.fixture(scope='session')
+def entry_points(tmp_path_factory):
+  """`helpers.EntryPoints`: the tests' runs of train.py, eval.py and the tools, forked from one warm process."""
+  import helpers  # pylint: disable=import-outside-toplevel
+  runner = helpers.EntryPoints(str(tmp_path_factory.mktemp('entry_points')))
+  yield runner
+  runner.close()
+
+
 def made_once(tmp_path_factory, name: str, make) -> str:
   """The directory `name` that `make(directory)` fills once per test session, shared by the xdist workers (the
   first to ask makes it under a file lock, the others wait and reuse it)."""

@@ -250,14 +250,12 @@ def test_evaluation_cuts_sentences_longer_than_learned_positions_and_counts_them
 _LOG_LINE = re.compile(r'^[IWE]\d{4} \d\d:\d\d:\d\d')  # absl's prefix: progress and library logs, not errors
 
 
-def _run(args, stdin=None, **env):
+def _run(entry_points, args, stdin=None):
   """The exit status and what stderr says besides log lines (no traceback anywhere)."""
-  result = subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, timeout=300,
-                          env={**helpers.subprocess_env(), **env})
+  result = entry_points.run(args, stdin)
   stderr = result.stderr.decode('utf-8', 'replace')
   assert 'Traceback' not in stderr, stderr[-3000:]
   return result.returncode, [line for line in stderr.strip().splitlines() if not _LOG_LINE.match(line)]
-
 
 
 @pytest.mark.slow
@@ -308,7 +306,7 @@ def _run(args, stdin=None, **env):
     (['-m', 'transformer_jax.prepare_tfds', '--name=wmt14_translat/de-en', '--data_dir=W'],
      "unknown tfds dataset 'wmt14_translat'"),
 ])
-def test_entry_points_fail_with_one_line(tmp_path, args, message):
+def test_entry_points_fail_with_one_line(entry_points, tmp_path, args, message):
   config_dir = tmp_path / 'cfg'
   config_dir.mkdir()
   for name, text in (('none.py', 'def get_config():\n  return None\n'), ('noget.py', 'X = 1\n'),
@@ -317,22 +315,22 @@ def test_entry_points_fail_with_one_line(tmp_path, args, message):
     (config_dir / name).write_text(text)
   args = [arg.replace('CFG', str(config_dir)).replace('=W', f'={tmp_path / "w"}') for arg in args]
   message = message.replace('CFG', str(config_dir)).replace('workdir W', f'workdir {tmp_path / "w"}')
-  returncode, lines = _run(args)
+  returncode, lines = _run(entry_points, args)
   assert returncode != 0
   assert len(lines) == 1 and message in lines[0], lines[-5:]
   assert not os.path.exists(tmp_path / 'w') or not os.listdir(tmp_path / 'w')
 
 
 @pytest.mark.slow
-def test_translate_keeps_lines_aligned_and_refuses_bytes_that_are_not_utf8():
+def test_translate_keeps_lines_aligned_and_refuses_bytes_that_are_not_utf8(entry_points):
   lines = ['The dog sees the cat.', 'One\u2028line\x0cstill', '', 'He sleeps.']
-  result = subprocess.run([sys.executable, '-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy'],
-                          cwd=helpers.REPO, input=''.join(line + '\n' for line in lines).encode(), capture_output=True,
-                          timeout=300, env=helpers.subprocess_env())
+  result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy'],
+                            ''.join(line + '\n' for line in lines).encode())
   assert result.returncode == 0, result.stderr[-2000:]
   translations = result.stdout.decode().split('\n')
   assert len(translations) == len(lines) + 1 and translations[-1] == ''  # one line out per line in
   assert translations[2] == ''  # the empty input line stays in its place
-  returncode, stderr = _run(['-m', 'transformer_jax.translate', f'--workdir={LEGACY}'], stdin=b'fine\nbad \xff\n')
-  assert returncode == 1 and stderr == ['error: standard input: line 2 is not valid UTF-8 (invalid start byte at '
+  returncode, errors = _run(entry_points, ['-m', 'transformer_jax.translate', f'--workdir={LEGACY}'],
+                            stdin=b'fine\nbad \xff\n')
+  assert returncode == 1 and errors == ['error: standard input: line 2 is not valid UTF-8 (invalid start byte at '
                                         'byte 9); convert it to UTF-8']

@@ -5,8 +5,6 @@ steps."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -208,19 +206,15 @@ def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
   assert 'ensemble of' in scoring.describe(results, 0)
 
 
-def _command(args, stdin=None):
-  return subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, text=True,
-                        timeout=300, env=helpers.subprocess_env())
-
 
 @pytest.mark.slow
-def test_eval_and_translate_take_several_steps_or_runs(tmp_path):
+def test_eval_and_translate_take_several_steps_or_runs(entry_points, tmp_path):
   workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')
   references = [target for _, target in sources.load_split(config_lib.of_run(workdir).data, 'validation')]
   baseline = tmp_path / 'baseline.txt'
   baseline.write_text(''.join(' '.join(ref.split()[::2]) + '\n' for ref in references), encoding='utf-8')
-  result = _command(['eval.py', f'--workdir={workdir}', '--step=2', '--step=4', f'--compare_to={baseline}',
-                     '--compare_method=ar', '--compare_samples=50'])
+  result = entry_points.run(['eval.py', f'--workdir={workdir}', '--step=2', '--step=4', f'--compare_to={baseline}',
+                             '--compare_method=ar', '--compare_samples=50'], text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   with open(Workdir(workdir).results_file('validation', 'validation', 'ensemble'), encoding='utf-8') as f:
     saved = json.load(f)
@@ -232,8 +226,8 @@ def test_eval_and_translate_take_several_steps_or_runs(tmp_path):
                                           references, method='ar', n=50)
   assert comparison['bleu'] == expected['bleu'] and expected['bleu']['difference'] < 0
   assert f'{expected["bleu"]["difference"]:+.2f}' in result.stdout and 'ensemble of' in result.stdout
-  result = _command(['-m', 'transformer_jax.translate', f'--workdir={workdir}', f'--workdir={other}',
-                     '--average_last=2'], 'The dog sees the cat.\n\nHe sleeps.\n')
+  result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}', f'--workdir={other}',
+                             '--average_last=2'], 'The dog sees the cat.\n\nHe sleeps.\n', text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.count('\n') == 3
 
@@ -241,9 +235,9 @@ def test_eval_and_translate_take_several_steps_or_runs(tmp_path):
 @pytest.mark.slow
 def test_an_ensemble_of_two_seeded_runs_scores_at_least_the_better_runs_bleu(seeded_runs):
   workdirs, bleu = seeded_runs, {}
-  for workdir in workdirs:
-    bleu[workdir] = scoring.evaluate_split(inference.restore(config_lib.of_run(workdir), workdir), workdir,
-                                           'test')['bleu']
+  for workdir in workdirs:  # train.py's final report: the test split, greedy, as the ensemble is evaluated below
+    with open(Workdir(workdir).final_results_file, encoding='utf-8') as f:
+      bleu[workdir] = json.load(f)['bleu']
   better = max(workdirs, key=bleu.get)
   restored = inference.restore_ensemble([(config_lib.of_run(workdir), workdir, None) for workdir in workdirs])
   results = scoring.evaluate_split(restored, workdirs[0], 'test', significance.Comparison(

@@ -3,8 +3,6 @@ search, BLEU, translate."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,6 @@ import pytest
 from transformer_jax import attention_plots
 from transformer_jax import scores
 from transformer_jax import checkpoint
-from transformer_jax import config as config_lib
 from transformer_jax import inference
 from transformer_jax import scoring
 from transformer_jax import sharding
@@ -22,8 +19,6 @@ from transformer_jax import trainer
 from transformer_jax.workdir import Workdir
 from transformer_jax.tokens import EOS_ID, PAD_ID
 from tests import helpers
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
@@ -207,36 +202,34 @@ def test_attention_heatmaps(trained, tmp_path):
       assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
-def _run(args, **kwargs):
-  return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, JAX_PLATFORMS='cpu'), **kwargs)
-
 
 @pytest.mark.slow
-def test_eval_and_translate_commands(trained):
+def test_eval_and_translate_commands(entry_points, trained):
   _, workdir = trained
   # The run's own config.json is the config: none of its training overrides are repeated here.
-  result = _run(['eval.py', f'--workdir={workdir}', '--average_last=2', '--config.decode.beam_size=2'])
+  result = entry_points.run(['eval.py', f'--workdir={workdir}', '--average_last=2', '--config.decode.beam_size=2'],
+                            text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'BLEU' in result.stdout and '[20, 30]' in result.stdout
   with open(Workdir(workdir).final_results_file) as f:
     assert json.load(f)['beam_size'] == 2
-  result = _run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'], input='The dog sees the cat.\n\nHe sleeps.\n')
+  result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'],
+                            'The dog sees the cat.\n\nHe sleeps.\n', text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert len(result.stdout.split('\n')) == 4 and result.stdout.split('\n')[1] == ''
 
 
 @pytest.mark.slow
-def test_eval_bad_inputs(trained, tmp_path):
+def test_eval_bad_inputs(entry_points, trained, tmp_path):
   config, workdir = trained
-  result = _run(['eval.py', f'--workdir={tmp_path / "missing"}'])
+  result = entry_points.run(['eval.py', f'--workdir={tmp_path / "missing"}'], text=True)
   assert result.returncode != 0 and 'missing does not exist: pass the --workdir of a training run' in \
       result.stderr.splitlines()[-1]
-  result = _run(['eval.py', f'--workdir={workdir}', '--config.model.d_ff=8'])
+  result = entry_points.run(['eval.py', f'--workdir={workdir}', '--config.model.d_ff=8'], text=True)
   lines = result.stderr.strip().splitlines()
   assert result.returncode != 0 and len(lines) == 1
   assert '--config.model.d_ff: evaluation cannot change model.d_ff, which the training run fixed' in lines[0]
-  result = _run(['eval.py', f'--workdir={workdir}', f'--config={helpers.DEFAULT_CONFIG}'])
+  result = entry_points.run(['eval.py', f'--workdir={workdir}', f'--config={helpers.DEFAULT_CONFIG}'], text=True)
   assert result.returncode != 0 and 'drop --config=FILE' in result.stderr
   empty = tmp_path / 'empty'
   empty.mkdir()

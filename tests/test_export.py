@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import ctranslate2
 import jax
@@ -16,26 +14,20 @@ from transformer_jax import inference
 from transformer_jax import export
 from transformer_jax import scores
 from transformer_jax import sharding
-from transformer_jax import trainer
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
-import conftest
 import helpers
 
 # Every test here trains a model first (or shares one): end-to-end, so slow.
 pytestmark = pytest.mark.slow
 
-# A model small enough to train in well under a minute, big enough that greedy outputs differ from sentence to
-# sentence: 2+2 layers of width 32, 200 steps. 500 pieces keep test sentences under max_len=32 tokens.
-VOCAB = 500
-WIDE = dict(model__vocab_size=VOCAB, model__d_model=32, model__d_ff=64, model__num_heads=4,
-            model__num_encoder_layers=2, model__num_decoder_layers=2, train__num_steps=200, train__warmup_steps=60,
-            train__checkpoint_every=200, train__log_every=50, pipeline__batch_size=32,
-            data__builtin_eval_size=64)
+# The model of the exported-run tests: the first seeded run (conftest: 2+2 layers of width 64, 1000 pieces, trained
+# far enough that greedy outputs differ from sentence to sentence).
+VOCAB = helpers.SEEDED_RUN['model__vocab_size']
 SENTENCES = 32  # test sentences translated by both engines (a multiple of the 8 simulated devices)
 # float32 on two engines sums in different orders: log-probabilities agree to a few 1e-6 (measured: at most 8e-6
 # on the README main-job model, 3e-6 on these variants). A mapping mistake (a transposed kernel, a head order, a
@@ -44,10 +36,8 @@ LOG_PROB_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-  config = helpers.tiny_config(**WIDE)
-  return config, conftest.made_once(tmp_path_factory, 'export_model',
-                                    lambda workdir: trainer.train_and_evaluate(config, str(workdir)))
+def trained(seeded_runs):
+  return config_lib.of_run(seeded_runs[0]), seeded_runs[0]
 
 
 def _restore(config, workdir):
@@ -208,23 +198,23 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
   assert not (out / 'config.json').exists()
 
 
-def _command(args, stdin=None):
-  return subprocess.run([sys.executable, *args], cwd=helpers.REPO, input=stdin, capture_output=True, text=True,
-                        timeout=300, env=helpers.subprocess_env())
 
-
-def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_greedy_search(trained, tmp_path):
+def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_greedy_search(entry_points, trained,
+                                                                                           tmp_path):
   config, workdir = trained
   out = tmp_path / 'ct2'
-  result = _command(['-m', 'transformer_jax.export', f'--workdir={workdir}', '--format=ctranslate2', f'--out={out}'])
+  result = entry_points.run(['-m', 'transformer_jax.export', f'--workdir={workdir}', '--format=ctranslate2',
+                             f'--out={out}'], text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert ctranslate2.Translator(str(out), device='cpu').compute_type == 'float32'
   with open(out / export.SETTINGS_FILE, encoding='utf-8') as f:
     settings = json.load(f)
-  assert settings['decode'] == config.decode.to_dict() and settings['model']['d_model'] == 32
+  assert settings['decode'] == config.decode.to_dict()
+  assert settings['model']['d_model'] == helpers.SEEDED_RUN['model__d_model']
   lines = _test_sources(config)
-  result = _command(['-m', 'transformer_jax.translate', '--engine=ctranslate2', f'--model={out}', '--method=greedy'],
-                    ''.join(line + '\n' for line in lines[:3] + [''] + lines[3:]))
+  result = entry_points.run(['-m', 'transformer_jax.translate', '--engine=ctranslate2', f'--model={out}',
+                             '--method=greedy'], ''.join(line + '\n' for line in lines[:3] + [''] + lines[3:]),
+                            text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   served = result.stdout.split('\n')
   assert len(served) == len(lines) + 2 and served[3] == '' and served[-1] == ''  # one line out per line in
@@ -237,7 +227,7 @@ def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_gr
   assert len(set(served)) >= SENTENCES // 4
 
 
-def test_the_export_command_refuses_a_model_ct2_cannot_represent_before_restoring_it(trained, tmp_path):
+def test_the_export_command_refuses_a_model_ct2_cannot_represent_before_restoring_it(entry_points, trained, tmp_path):
   _, workdir = trained
   with open(Workdir(workdir).config_file, encoding='utf-8') as f:
     saved = json.load(f)
@@ -245,7 +235,8 @@ def test_the_export_command_refuses_a_model_ct2_cannot_represent_before_restorin
   run = tmp_path / 'run'  # a config and no checkpoints: the refusal comes first
   run.mkdir()
   (run / 'config.json').write_text(json.dumps(saved), encoding='utf-8')
-  result = _command(['-m', 'transformer_jax.export', f'--workdir={run}', f'--out={tmp_path / "out"}'])
+  result = entry_points.run(['-m', 'transformer_jax.export', f'--workdir={run}', f'--out={tmp_path / "out"}'],
+                            text=True)
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 1 and len(lines) == 1 and 'needs d_k == d_v' in lines[0]
   assert not (tmp_path / 'out').exists()
@@ -258,11 +249,9 @@ def _bleu_of(out_dir, sp, lines, references) -> float:
   return scores.sacrebleu_corpus([sp.decode_pieces(r.hypotheses[0]) for r in results], references)[0]
 
 
-def test_int8_bleu_is_within_one_point_of_float32(seeded_runs, tmp_path):
-  """The first seeded run (conftest: width 64, 2+2 layers, 1000 pieces, 300 steps), its 200 test sentences
-  translated by CT2 with float32 and int8 weights, beam 4."""
-  workdir = seeded_runs[0]
-  config = config_lib.of_run(workdir)
+def test_int8_bleu_is_within_one_point_of_float32(trained, tmp_path):
+  """The first seeded run's 200 test sentences translated by CT2 with float32 and int8 weights, beam 4."""
+  config, workdir = trained
   restored = _restore(config, workdir)
   sp = spm.SentencePieceProcessor(model_file=restored.tokenizer.path)
   split = sources.load_split(config.data, 'test')

@@ -5,9 +5,7 @@ generate command, and one-line errors for configs that mix up the two architectu
 
 import json
 import math
-import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +22,7 @@ from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import EOS_ID, PAD_ID
+from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 
 TINY = ModelConfig(architecture='decoder_only', vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=0,
@@ -238,25 +236,22 @@ def test_prompts_longer_than_the_model_are_refused_or_fitted(trained_lm):
   assert short.startswith('The dog') and long.startswith(long_prompt)
 
 
-def _run(args, **kwargs):
-  return subprocess.run([sys.executable, *args], cwd=helpers.REPO, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, JAX_PLATFORMS='cpu'), **kwargs)
-
 
 @pytest.mark.slow
-def test_generate_command(trained_lm):
+def test_generate_command(entry_points, trained_lm):
   _, workdir = trained_lm
-  result = _run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--prompt=The dog', '--num_samples=2',
-                 '--temperature=0', '--max_new_tokens=5'])
+  result = entry_points.run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--prompt=The dog',
+                             '--num_samples=2', '--temperature=0', '--max_new_tokens=5'], text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.splitlines()
   assert len(lines) == 2 and lines[0] == lines[1] and lines[0].startswith('The dog')  # greedy: twice the same
-  result = _run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--top_k=5', '--seed=1'],
-                input='The cat\nA friend sees\n')
+  result = entry_points.run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--top_k=5', '--seed=1'],
+                            'The cat\nA friend sees\n', text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.splitlines()
   assert len(lines) == 2 and lines[0].startswith('The cat') and lines[1].startswith('A friend sees')
-  result = _run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--prompt=x', '--top_p=1.5'])
+  result = entry_points.run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--prompt=x', '--top_p=1.5'],
+                            text=True)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == 'error: decode.top_p must be in (0, 1] (1.0 = off), got 1.5.'
 
