@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import shutil
+import signal
 import sys
 
 import flax.linen as nn
@@ -108,8 +110,13 @@ def flag_args(**overrides) -> list[str]:
   return args
 
 
+def train_args(workdir: str, *extra: str, config: str = DEFAULT_CONFIG, **overrides) -> list[str]:
+  """train.py's path and flags for a run of TINY plus overrides (what follows `python`)."""
+  return [TRAIN_PY, f'--config={config}', f'--workdir={workdir}', *flag_args(**overrides), *extra]
+
+
 def train_command(workdir: str, *extra: str, config: str = DEFAULT_CONFIG, **overrides) -> list[str]:
-  return [sys.executable, TRAIN_PY, f'--config={config}', f'--workdir={workdir}', *flag_args(**overrides), *extra]
+  return [sys.executable, *train_args(workdir, *extra, config=config, **overrides)]
 
 
 def subprocess_env(device_count: int = 8, fast_compile: bool = True) -> dict:
@@ -298,10 +305,13 @@ def requests():
 for request in requests():
   pid = os.fork()
   if pid:
+    os.write(1, b'%d\n' % pid)
     os.write(1, b'%d\n' % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     continue
   for fd, (path, mode) in enumerate(request['files']):
-    os.dup2(os.open(path, mode), fd)
+    opened = os.open(path, mode)
+    os.dup2(opened, fd)
+    os.close(opened)
   sys.stdin = sys.__stdin__ = open(0, encoding='utf-8', closefd=False)
   args = request['args']
   if args[0] == '-m':
@@ -322,24 +332,36 @@ class EntryPoints:
     import subprocess  # pylint: disable=import-outside-toplevel
     self._directory, self._count = directory, 0
     self._server = subprocess.Popen([sys.executable, '-c', _FORK_SERVER], cwd=REPO, env=subprocess_env(),
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 
-  def run(self, args: list[str], input=None, text: bool = False):  # pylint: disable=redefined-builtin
-    """`subprocess.run([python, *args], input=input, capture_output=True, text=text)`'s result, from a fork."""
+  def run(self, args: list[str], stdin=None, text: bool = False, timeout: float = 300):
+    """`subprocess.run([python, *args], input=stdin, capture_output=True, text=text, timeout=timeout)`'s result,
+    from a fork (a run past the timeout is killed and fails the test)."""
     import subprocess  # pylint: disable=import-outside-toplevel
     self._count += 1
     paths = [os.path.join(self._directory, f'{self._count}.{name}') for name in ('in', 'out', 'err')]
     with open(paths[0], 'w' if text else 'wb') as f:
-      f.write(input or ('' if text else b''))
+      f.write(stdin or ('' if text else b''))
     files = [(paths[0], os.O_RDONLY)] + [(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for path in paths[1:]]
     self._server.stdin.write(json.dumps({'args': args, 'files': files}).encode() + b'\n')
-    self._server.stdin.flush()
-    returncode = int(self._server.stdout.readline())
+    pid = int(self._line(60))
+    finished = self._line(timeout)
+    if not finished:
+      os.kill(pid, signal.SIGKILL)
+      self._line(60)
+      raise AssertionError(f'python {" ".join(args)} ran past {timeout} s')
     outputs = []
     for path in paths[1:]:
       with open(path, 'r' if text else 'rb') as f:
         outputs.append(f.read())
-    return subprocess.CompletedProcess([sys.executable, *args], returncode, *outputs)
+    return subprocess.CompletedProcess([sys.executable, *args], int(finished), *outputs)
+
+  def _line(self, timeout: float) -> bytes:
+    """The server's next line, b'' if none came within `timeout` seconds."""
+    ready, _, _ = select.select([self._server.stdout], [], [], timeout)
+    if ready and not (line := self._server.stdout.readline()):
+      raise AssertionError(f'the entry-point fork server stopped (exit status {self._server.wait()})')
+    return line if ready else b''
 
   def close(self):
     self._server.stdin.close()

@@ -5,13 +5,10 @@ minutes per compile on 2 cores; see docs/fits.md for it and the big model on eve
 """
 
 import importlib.util
-import subprocess
-import sys
 
 import jax
 import pytest
 
-import helpers
 from transformer_jax import aot
 from transformer_jax import config as config_lib
 from transformer_jax import sharding
@@ -151,20 +148,19 @@ def test_parse_collectives_counts_each_op_once_with_its_result_bytes():
 
 
 @pytest.mark.slow
-def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(tmp_path):
+def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_points, tmp_path):
   """train.py --compile_only compiles the run's train and eval steps for the slice (no TPU, no data, no workdir
   written); a config that does not fit exits 1 with one line saying what to change."""
-  args = [sys.executable, 'train.py', f'--workdir={tmp_path / "w"}', '--compile_only', '--topology=v5e-8',
+  args = ['train.py', f'--workdir={tmp_path / "w"}', '--compile_only', '--topology=v5e-8',
           '--config=configs/wmt14_ende_base.py:runlocal', '--config.model.dtype=bfloat16',
           '--config.mesh.shape.data=8', '--config.model.num_encoder_layers=1',
           '--config.model.num_decoder_layers=1']  # one layer a side: what is tested is the command, not the depth
-  env = {**helpers.subprocess_env(), 'JAX_PLATFORMS': 'cpu'}
-  ok = subprocess.run(args, cwd=helpers.REPO, env=env, capture_output=True, text=True, timeout=600)
+  ok = entry_points.run(args, text=True, timeout=600)
   assert ok.returncode == 0, ok.stderr[-3000:]
   assert 'train step, batch 32×64:' in ok.stdout and 'eval step, batch 64×64:' in ok.stdout
   assert ok.stdout.count('of HBM: fits') == 2
-  big = subprocess.run(args + ['--config.model.vocab_size=1048576', '--config.model.d_model=2048'], cwd=helpers.REPO,
-                       env=env, capture_output=True, text=True, timeout=600)
+  big = entry_points.run(args + ['--config.model.vocab_size=1048576', '--config.model.d_model=2048'], text=True,
+                         timeout=600)
   errors = [line for line in big.stderr.splitlines() if line.startswith('error:')]
   assert big.returncode == 1 and len(errors) == 1
   assert errors[0].startswith('error: train step, batch 32×64 does not fit on v5e-8: ') and 'FSDP' in errors[0]

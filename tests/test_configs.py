@@ -4,8 +4,6 @@ one line."""
 
 import glob
 import os
-import subprocess
-import sys
 
 import ml_collections
 import pytest
@@ -219,9 +217,8 @@ def test_validate_rejects_unknown_mesh_axes():
     (['--config=configs/wsj_parsing.py'], 'data.files.train.source and .target (or .tsv)'),
 ])
 @pytest.mark.slow
-def test_train_py_fails_with_one_line(tmp_path, args, message):
-  proc = subprocess.run([sys.executable, 'train.py', f'--workdir={tmp_path}', *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120)
+def test_train_py_fails_with_one_line(entry_points, tmp_path, args, message):
+  proc = entry_points.run(['train.py', f'--workdir={tmp_path}', *args], text=True)
   output = (proc.stdout + proc.stderr).strip().splitlines()
   assert proc.returncode != 0
   assert len(output) == 1 and message in output[0], output

@@ -5,7 +5,6 @@ generate command, and one-line errors for configs that mix up the two architectu
 
 import json
 import math
-import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -257,10 +256,9 @@ def test_generate_command(entry_points, trained_lm):
 
 
 @pytest.mark.slow
-def test_train_py_ends_with_perplexity_against_the_unigram_baseline_and_a_sample(tmp_path):
-  command = helpers.train_command(str(tmp_path), config=helpers.LM_CONFIG, **helpers.LM)
-  result = subprocess.run(command, cwd=helpers.REPO, env=helpers.subprocess_env(), capture_output=True, text=True,
-                          timeout=600)
+def test_train_py_ends_with_perplexity_against_the_unigram_baseline_and_a_sample(entry_points, tmp_path):
+  result = entry_points.run(helpers.train_args(str(tmp_path), config=helpers.LM_CONFIG, **helpers.LM), text=True,
+                            timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'test: perplexity ' in result.stdout and ' of the unigram model ' in result.stdout
   assert result.stdout.count('  prompt:    ') == 1 and result.stdout.count('  sample:    ') == 1

@@ -293,12 +293,11 @@ def test_non_finite_skip_mode_never_applies_or_saves_it(good_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_unknown_config_key_on_the_command_line(tmp_path):
+def test_unknown_config_key_on_the_command_line(entry_points, tmp_path):
   for override, expected in (('train.nonexistent', "'nonexistent'"),
                              ('train.num_step', 'Did you mean "num_steps" instead of "num_step"?')):
-    result = subprocess.run(helpers.train_command(str(tmp_path / 'unused'), f'--config.{override}=1'),
-                            cwd=helpers.REPO, env=helpers.subprocess_env(), capture_output=True, text=True,
-                            timeout=120)
+    result = entry_points.run(helpers.train_args(str(tmp_path / 'unused'), f'--config.{override}=1'),
+                              text=True)
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
