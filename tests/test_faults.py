@@ -6,6 +6,7 @@ import os
 import queue
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import threading
@@ -33,6 +34,15 @@ def uninterrupted(tmp_path_factory):
   losses = helpers.losses_by_step(workdir)
   assert sorted(losses) == list(range(1, NUM_STEPS + 1))
   return workdir, losses
+
+
+@pytest.fixture(scope='module')
+def four_steps(tmp_path_factory, uninterrupted):
+  """The run's first 4 steps, trained in this process (checkpoints 2 and 4): the start of the runs that fault later."""
+  workdir = helpers.prepare_workdir(str(tmp_path_factory.mktemp('four_steps') / 'run'), uninterrupted[0])
+  trainer.train_and_evaluate(helpers.tiny_config(**{**RUN, 'train__num_steps': 4}), workdir)
+  assert helpers.checkpoint_steps(workdir) == [2, 4]
+  return workdir
 
 
 class _Run:
@@ -82,6 +92,10 @@ def _workdir(tmp_path, uninterrupted, name='run') -> str:
   return helpers.prepare_workdir(str(tmp_path / name), uninterrupted[0])
 
 
+def _copy(four_steps, tmp_path) -> str:
+  return str(shutil.copytree(four_steps, tmp_path / 'run'))
+
+
 def _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted):
   records = helpers.read_metrics(workdir)
   assert {r['step'] for r in records} == set(range(1, NUM_STEPS + 1))
@@ -104,10 +118,8 @@ def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path,
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
-def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_path, uninterrupted):
-  workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, train__num_steps=4)
-  assert run.finish() == 0, run.output[-3000:]
+def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_path, uninterrupted, four_steps):
+  workdir = _copy(four_steps, tmp_path)
   # Files of at most 32 KiB: the config, logs and metrics fit, a checkpoint's data file does not.
   run = _Run(workdir, limit_file_size=1 << 15)
   assert run.finish() != 0
@@ -120,25 +132,22 @@ def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_p
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
-def test_a_truncated_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path, uninterrupted):
-  workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, train__num_steps=8)
-  assert run.finish() == 0, run.output[-3000:]
-  damaged = os.path.join(Workdir(workdir).checkpoints, '8')
+def test_a_truncated_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path, uninterrupted,
+                                                                                   four_steps):
+  workdir = _copy(four_steps, tmp_path)
+  damaged = os.path.join(Workdir(workdir).checkpoints, '4')
   helpers.damage_checkpoint(damaged)
   digest = helpers.tree_digest(damaged)
   run = _Run(workdir)
   assert run.finish() == 0, run.output[-3000:]
-  assert 'checkpoint step 8 in' in run.output and 'does not restore' in run.output
-  assert f'resumed from step 6 in {Workdir(workdir).checkpoints}' in run.output
+  assert 'checkpoint step 4 in' in run.output and 'does not restore' in run.output
+  assert f'resumed from step 2 in {Workdir(workdir).checkpoints}' in run.output
   assert helpers.tree_digest(damaged + '.damaged') == digest  # kept as it was, under another name
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
-def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, uninterrupted):
-  workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, train__num_steps=4)
-  assert run.finish() == 0, run.output[-3000:]
+def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps):
+  workdir = _copy(four_steps, tmp_path)
   before = helpers.tree_digest(Workdir(workdir).checkpoints)
   helpers.truncate(Workdir(workdir).tokenizer_model)
   run = _Run(workdir)
