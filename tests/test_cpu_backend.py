@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import cpu_backend, metrics
+from transformer_jax import checkpoint, cpu_backend, metrics
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 
@@ -148,3 +148,22 @@ def test_host_memory_auto_follows_jax_platforms_then_the_devices(monkeypatch):
   assert not cpu_backend.will_run_on_cpu(platforms='')  # JAX_PLATFORMS unset on a GPU machine
   monkeypatch.setattr(cpu_backend.glob, 'glob', lambda pattern: [])
   assert cpu_backend.will_run_on_cpu(platforms='')  # no accelerator, whatever plugins are installed
+
+
+@pytest.mark.parametrize('replica_parallel', [True, False])
+def test_saves_with_or_without_replica_parallel_writes_restore_the_same_values(tmp_path, replica_parallel):
+  """orbax's array handler (a replicated array's save split over its replicas) and the CPU's (one copy per array,
+  `cpu_backend.replica_parallel_saves()`) both save params, replicated over 8 devices or sharded, that restore."""
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+  shardings = {'replicated': jax.NamedSharding(mesh, jax.P()), 'sharded': jax.NamedSharding(mesh, jax.P('data'))}
+  values = {'replicated': np.arange(48, dtype=np.float32).reshape(8, 6) / 7, 'sharded': np.linspace(-1, 1, 64, dtype=np.float32)}
+  params = {name: jax.device_put(values[name], sharding) for name, sharding in shardings.items()}
+  manager = checkpoint.make_manager(str(tmp_path), replica_parallel=replica_parallel)
+  checkpoint.save(manager, 1, {'params': params}, force=True)
+  manager.wait_until_finished()
+  restored = checkpoint.restore_params(manager, 1, jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params))
+  manager.close()
+  for name, value in values.items():
+    assert restored[name].sharding == shardings[name]
+    np.testing.assert_array_equal(np.asarray(restored[name]), value)

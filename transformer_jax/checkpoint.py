@@ -41,7 +41,8 @@ def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None
                  create: bool = True, replica_parallel: bool | None = None) -> ocp.CheckpointManager:
   """An orbax manager over `directory` (a `Workdir.checkpoints`) with the state and data-iterator items; a
   writing one (`create`) first removes the temporary directories of saves a kill interrupted. `replica_parallel`:
-  whether a replicated array's save is split across its replicas (None: `cpu_backend.replica_parallel_saves()`)."""
+  True keeps orbax's array handler (replica-parallel writes), False saves each replicated array from one replica;
+  None: `cpu_backend.replica_parallel_saves()`."""
   options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=keep, create=create,
                                          enable_async_checkpointing=async_save, cleanup_tmp_directories=create)
   handlers = {STATE: _state_handler(replica_parallel), DATA: grain.checkpoint.CheckpointHandler()}
@@ -49,8 +50,8 @@ def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None
 
 
 def _state_handler(replica_parallel: bool | None) -> ocp.PyTreeCheckpointHandler:
-  """The state item's handler: orbax's, with replica-parallel array saves switched as asked (a checkpoint
-  restores the same either way)."""
+  """The state item's handler: orbax's, or one whose jax.Array handler writes without replica parallelism (a
+  checkpoint restores the same either way)."""
   if replica_parallel is None:
     replica_parallel = cpu_backend.replica_parallel_saves()
   if replica_parallel:

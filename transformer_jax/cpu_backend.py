@@ -185,10 +185,10 @@ def reuse_host_memory() -> bool:
 
 
 def replica_parallel_saves() -> bool:
-  """Whether checkpoint saves split each replicated array across its replicas (orbax's default, so that devices
-  and hosts share the copies off the accelerators). Not on the CPU: its devices are one host memory, where the
-  split only adds a dispatched slice per replica and array (a save of the default config's state on 8 CPU
-  devices blocks the loop 7x longer with it, bench/RESULTS.md)."""
+  """Whether checkpoint saves keep orbax's replica-parallel writes (its default except on GPUs: each replicated
+  array split over its replicas, so that devices and hosts share the copies off the accelerators). Not on the CPU:
+  its devices are one host memory, where the split only adds a dispatched slice per replica and array (a save of
+  the default config's state on 8 CPU devices blocks the loop 7x longer with it, bench/RESULTS.md)."""
   return jax.default_backend() != 'cpu'
 
 
