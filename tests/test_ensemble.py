@@ -206,7 +206,6 @@ def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
   assert 'ensemble of' in scoring.describe(results, 0)
 
 
-
 @pytest.mark.slow
 def test_eval_and_translate_take_several_steps_or_runs(entry_points, tmp_path):
   workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')

@@ -202,7 +202,6 @@ def test_attention_heatmaps(trained, tmp_path):
       assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
-
 @pytest.mark.slow
 def test_eval_and_translate_commands(entry_points, trained):
   _, workdir = trained

@@ -198,7 +198,6 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
   assert not (out / 'config.json').exists()
 
 
-
 def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_greedy_search(entry_points, trained,
                                                                                            tmp_path):
   config, workdir = trained

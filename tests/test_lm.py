@@ -235,7 +235,6 @@ def test_prompts_longer_than_the_model_are_refused_or_fitted(trained_lm):
   assert short.startswith('The dog') and long.startswith(long_prompt)
 
 
-
 @pytest.mark.slow
 def test_generate_command(entry_points, trained_lm):
   _, workdir = trained_lm
