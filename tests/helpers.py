@@ -6,7 +6,6 @@ built-in corpus of a few thousand pairs.
 """
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -201,18 +200,15 @@ def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, se
 
 def perturbed_params(cfg, seed: int, scale: float = 0.1):
   """Random params of the model of `cfg` (a ModelConfig) with every leaf perturbed by `scale` × N(0, 1), so
-  biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models."""
-  return _perturbed_params(cfg, jax.random.key(seed), jax.random.key(seed + 1), scale)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _perturbed_params(cfg, init_key, noise_key, scale):
-  """One program per model config (seeds and scale are its arguments): op by op, every initialiser and
-  perturbation would be a program of its own to compile."""
-  params = nn.unbox(make_model(cfg).init(init_key, **init_inputs(cfg, (1, 4)))['params'])
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(noise_key, len(leaves))
-  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models. One jitted
+  program: op by op, each initialiser and perturbation would be a program of its own to compile."""
+  @jax.jit
+  def make():
+    params = nn.unbox(make_model(cfg).init(jax.random.key(seed), **init_inputs(cfg, (1, 4)))['params'])
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  return make()
 
 
 def one_device_mesh(config: ml_collections.ConfigDict):
