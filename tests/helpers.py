@@ -200,15 +200,11 @@ def synthetic_batches(count: int, rows: int, length: int, vocab: int = VOCAB, se
 
 def perturbed_params(cfg, seed: int, scale: float = 0.1):
   """Random params of the model of `cfg` (a ModelConfig) with every leaf perturbed by `scale` × N(0, 1), so
-  biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models. One jitted
-  program: op by op, each initialiser and perturbation would be a program of its own to compile."""
-  @jax.jit
-  def make():
-    params = nn.unbox(make_model(cfg).init(jax.random.key(seed), **init_inputs(cfg, (1, 4)))['params'])
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
-  return make()
+  biases and LayerNorm parameters are not 0 and 1 and different seeds give clearly different models."""
+  params = nn.unbox(make_model(cfg).init(jax.random.key(seed), **init_inputs(cfg, (1, 4)))['params'])
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
 def one_device_mesh(config: ml_collections.ConfigDict):

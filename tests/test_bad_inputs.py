@@ -220,7 +220,7 @@ def test_learned_positions_decode_within_the_table_and_never_nan():
   inputs = jnp.asarray(np.random.default_rng(0).integers(4, 40, (2, 16)), jnp.int32)  # padded past max_len
   inputs = inputs.at[:, 10:].set(0)
   model = Transformer(cfg)
-  params = jax.jit(model.init)(jax.random.key(0), inputs, inputs)['params']
+  params = model.init(jax.random.key(0), inputs, inputs)['params']
   max_decode_len = cfg.decode_length(inputs.shape[1], max_len_offset=50)
   assert max_decode_len == 12  # input + 50, capped at the 12 positions the table has
   for method in ('beam', 'greedy'):

@@ -81,7 +81,7 @@ def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(
   cfg = ModelConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                     dropout=0.0, max_len=16, remat=remat)
   tokens = jnp.asarray(np.random.default_rng(3).integers(4, 40, (2, 7)), jnp.int32)
-  params = nn.unbox(jax.jit(Transformer(cfg).init)(jax.random.key(0), tokens, tokens))['params']
+  params = nn.unbox(Transformer(cfg).init(jax.random.key(0), tokens, tokens))['params']
 
   def loss(setting, p):
     model = Transformer(cfg.replace(cpu_kernels=setting))

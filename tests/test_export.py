@@ -94,8 +94,8 @@ def test_float32_export_decodes_greedily_as_we_do_token_for_token(trained, tmp_p
 def _our_log_probs(cfg, params, sources_ids, target_ids) -> list[np.ndarray]:
   """Teacher-forced log-probability of every target token (and the final EOS)."""
   targets = [t + [EOS_ID] for t in target_ids]
-  logits = jax.jit(Transformer(cfg).apply)({'params': params}, _padded([s + [EOS_ID] for s in sources_ids]),
-                                           _padded(targets))
+  logits = Transformer(cfg).apply({'params': params}, _padded([s + [EOS_ID] for s in sources_ids]),
+                                  _padded(targets))
   log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
   return [log_probs[i, np.arange(len(t)), t] for i, t in enumerate(targets)]
 
