@@ -12,6 +12,7 @@ import os
 import select
 import shutil
 import signal
+import subprocess
 import sys
 
 import flax.linen as nn
@@ -329,7 +330,6 @@ class EntryPoints:
   libraries: each run is a fresh process as far as the entry point can tell, without ~1.5 s of imports."""
 
   def __init__(self, directory: str):
-    import subprocess  # pylint: disable=import-outside-toplevel
     self._directory, self._count = directory, 0
     self._server = subprocess.Popen([sys.executable, '-c', _FORK_SERVER], cwd=REPO, env=subprocess_env(),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
@@ -337,7 +337,6 @@ class EntryPoints:
   def run(self, args: list[str], stdin=None, text: bool = False, timeout: float = 300):
     """`subprocess.run([python, *args], input=stdin, capture_output=True, text=text, timeout=timeout)`'s result,
     from a fork (a run past the timeout is killed and fails the test)."""
-    import subprocess  # pylint: disable=import-outside-toplevel
     self._count += 1
     paths = [os.path.join(self._directory, f'{self._count}.{name}') for name in ('in', 'out', 'err')]
     with open(paths[0], 'w' if text else 'wb') as f:

@@ -8,13 +8,13 @@ import os
 import ml_collections
 import pytest
 
+import helpers
 from configs import presets
 from transformer_jax import config as config_lib
 from transformer_jax import files
 from configs.table3 import VARIANTS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(ROOT, 'configs')
+CONFIG_DIR = os.path.join(helpers.REPO, 'configs')
 PAPER_FILES = ('wmt14_ende_base', 'wmt14_ende_big', 'wmt14_enfr_big', 'wsj_parsing')
 
 

@@ -156,7 +156,8 @@ def test_saves_with_or_without_replica_parallel_writes_restore_the_same_values(t
   `cpu_backend.replica_parallel_saves()`) both save params, replicated over 8 devices or sharded, that restore."""
   mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
   shardings = {'replicated': jax.NamedSharding(mesh, jax.P()), 'sharded': jax.NamedSharding(mesh, jax.P('data'))}
-  values = {'replicated': np.arange(48, dtype=np.float32).reshape(8, 6) / 7, 'sharded': np.linspace(-1, 1, 64, dtype=np.float32)}
+  values = {'replicated': np.arange(48, dtype=np.float32).reshape(8, 6) / 7,
+            'sharded': np.linspace(-1, 1, 64, dtype=np.float32)}
   params = {name: jax.device_put(values[name], sharding) for name, sharding in shardings.items()}
   manager = checkpoint.make_manager(str(tmp_path), replica_parallel=replica_parallel)
   checkpoint.save(manager, 1, {'params': params}, force=True)

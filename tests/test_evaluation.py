@@ -18,7 +18,7 @@ from transformer_jax import sharding
 from transformer_jax import trainer
 from transformer_jax.workdir import Workdir
 from transformer_jax.tokens import EOS_ID, PAD_ID
-from tests import helpers
+import helpers
 
 
 @pytest.fixture(scope='module')
