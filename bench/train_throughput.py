@@ -1,14 +1,17 @@
 """Training throughput of our jitted train step against eager `torch.nn.Transformer`, same dimensions.
 
-Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 32 rows × 64 tokens) and
-`base` (6+6 layers, d_model 512, d_ff 2048, 8 heads, vocab 32000, 32 rows × 64 source and 64 target tokens),
-both float32, Adam(0.9, 0.98, 1e-9), dropout 0.1, label smoothing 0.1, a fixed random batch without padding.
+Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 32 rows × 64 tokens),
+`base` (6+6 layers, d_model 512, d_ff 2048, 8 heads, dropout 0.1) and `big` (6+6 layers, d_model 1024, d_ff 4096,
+16 heads, dropout 0.3), vocab 32000, 32 rows × 64 source and 64 target tokens; float32, Adam(0.9, 0.98, 1e-9),
+label smoothing 0.1, a fixed random batch without padding.
 
 ours:  steps.create_sharded_state on a 1-device mesh ({'data': -1, 'fsdp': 1, 'tensor': 1}) and
-       jax.jit(partial(steps.train_step, ...), donate_argnums=0), as in trainer.py.
-torch: torch.nn.Transformer(batch_first=True, dropout=0.1) + a token embedding shared with the output layer
+       steps.jit_train_step (donated state), as in trainer.py; `ours_stock` forces model.cpu_kernels=off,
+       `ours_cpu_kernels` forces it on (the default, 'auto', is on only on a CPU).
+torch: torch.nn.Transformer(batch_first=True, dropout as ours) + a token embedding shared with the output layer
        (×√d_model), sinusoidal positions, causal target mask, cross_entropy(label_smoothing=0.1),
-       torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads).
+       torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads);
+       `torch_compile`: the same model through torch.compile.
 
 Both run with glibc keeping freed memory for reuse (`--malloc=reuse`, as train.py does; `--malloc=system` for
 glibc's defaults), each step's user/system CPU time and page faults recorded.
@@ -17,12 +20,13 @@ After compile/warm-up the two take turns: `--rounds` rounds of `--steps` steps e
 own (waiting for its results); we report the median step time, tokens/s (target tokens = rows × target length,
 and source + target) and achieved GFLOP/s (metrics.train_flops, the same count for both).
 
---gpu_paper_batch: ours only, the base model in bfloat16 at the paper's batch (~25k source + 25k target tokens,
---paper_rows × --paper_length), 'dot_product' attention (cuDNN), reporting step time and MFU
-(metrics.peak_flops_per_device). Meant for an H100; on a CPU it runs (shrink it with --paper_rows) but has
-no MFU.
+--gpu_paper_batch: the paper's batch (~25k source + 25k target tokens, --paper_rows × --paper_length) in
+bfloat16 on the first GPU: ours with bf16 compute (float32 params and Adam state) and 'dot_product' attention
+(cuDNN's fused kernel), torch on CUDA under bf16 autocast (float32 params, fused Adam); adds MFU against the
+device's dense bf16 peak (metrics.peak_flops_per_device) and peak device memory.
 
-Example (repository root): python -m bench.train_throughput --configs=default,base --rounds=3 --steps=3
+Examples (repository root): python -m bench.train_throughput --configs=default,base --rounds=3 --steps=3
+  python -m bench.train_throughput --gpu_paper_batch --configs=base,big --impls=ours,torch,torch_compile
 """
 
 import argparse
@@ -34,7 +38,7 @@ import time
 from bench import common
 from transformer_jax import cpu_backend
 
-CONFIGS = ('default', 'base')
+CONFIGS = ('default', 'base', 'big')
 
 
 def model_dims(name: str, args):
@@ -45,9 +49,11 @@ def model_dims(name: str, args):
     config = default.get_config()
     cfg = ModelConfig.from_dict(config.model)
     rows, length = config.pipeline.batch_size, config.pipeline.packed_length
-  elif name == 'base':
+  elif name in ('base', 'big'):
     cfg = ModelConfig(vocab_size=32000, d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=6,
                       num_decoder_layers=6, dropout=0.1)
+    if name == 'big':
+      cfg = cfg.replace(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3)
     rows, length = 32, 64
   else:
     raise ValueError(f'unknown config {name!r}: use one of {CONFIGS}')
@@ -83,12 +89,14 @@ def random_batch(rows, source_len, target_len, vocab, seed=0):
 # ------------------------------------------------------------------------------------------------ ours (JAX)
 
 class Ours:
-  """Our train step. stock=True: `model.cpu_kernels='off'`, the stock pieces without the CPU backward passes of
-  `cpu_backend` (what runs on a GPU or TPU)."""
+  """Our train step; `cpu_kernels` ('on'/'off') overrides the config's choice of `cpu_backend`'s backward passes
+  ('off': the stock pieces that run on a GPU or TPU)."""
 
-  def __init__(self, cfg, host_batch, seed=0, stock=False):
-    self.name = 'ours_stock' if stock else 'ours'
-    cfg = cfg.replace(cpu_kernels='off') if stock else cfg
+  NAMES = {None: 'ours', 'off': 'ours_stock', 'on': 'ours_cpu_kernels'}
+
+  def __init__(self, cfg, host_batch, seed=0, cpu_kernels=None):
+    self.name = self.NAMES[cpu_kernels]
+    cfg = cfg.replace(cpu_kernels=cpu_kernels) if cpu_kernels else cfg
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
     from transformer_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
@@ -119,20 +127,28 @@ class Ours:
       self.state, metrics = self.compiled(self.state, self.batch)
     return float(metrics['loss'])
 
+  def reset_peak(self):
+    pass  # memory() is the compiled program's, not a reading
+
   def memory(self) -> dict:
     m = self.compiled.memory_analysis()
     return {'temp_bytes': m.temp_size_in_bytes, 'argument_bytes': m.argument_size_in_bytes,
             'output_bytes': m.output_size_in_bytes, 'alias_bytes': m.alias_size_in_bytes}
 
+  def release(self):
+    self.state = self.batch = self.compiled = None
+
 
 # ---------------------------------------------------------------------------------------------------- torch
 
 class Torch:
-  name = 'torch'
+  """torch.nn.Transformer's train step; on CUDA under bf16 autocast (float32 params) with fused Adam, and
+  `compiled` through torch.compile (compile_s: its first step, taken when it is made)."""
 
-  def __init__(self, cfg, host_batch, threads, seed=0):
+  def __init__(self, cfg, host_batch, threads, seed=0, device='cpu', compiled=False):
     import torch  # pylint: disable=import-outside-toplevel
     from torch import nn  # pylint: disable=import-outside-toplevel
+    self.name = 'torch_compile' if compiled else 'torch'
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     d, vocab = cfg.d_model, cfg.vocab_size
@@ -159,34 +175,60 @@ class Torch:
         return nn.functional.linear(y, self.embedding.weight)
 
     self.torch = torch
-    self.model = Model().train()
-    self.src = torch.from_numpy(host_batch['inputs']).long()
-    self.tgt = torch.from_numpy(host_batch['targets']).long()
+    self.device = torch.device(device)
+    self.model = Model().to(self.device).train()
+    self.forward = torch.compile(self.model) if compiled else self.model
+    self.src = torch.from_numpy(host_batch['inputs']).long().to(self.device)
+    self.tgt = torch.from_numpy(host_batch['targets']).long().to(self.device)
     self.tgt_in = torch.cat([torch.ones_like(self.tgt[:, :1]), self.tgt[:, :-1]], 1)  # BOS = 1, shifted right
-    self.tgt_mask = nn.Transformer.generate_square_subsequent_mask(self.tgt.shape[1])
-    self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    self.tgt_mask = nn.Transformer.generate_square_subsequent_mask(self.tgt.shape[1], device=self.device)
+    on_gpu = self.device.type == 'cuda'
+    self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=on_gpu)
+    self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on_gpu)
     self.vocab = vocab
     self.compile_s = 0.0
+    if compiled:  # torch.compile compiles on the first call
+      start = time.perf_counter()
+      self.step()
+      self.compile_s = time.perf_counter() - start
 
   def step(self) -> float:
     self.opt.zero_grad(set_to_none=True)
-    logits = self.model(self.src, self.tgt_in, self.tgt_mask)
-    loss = self.torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), self.tgt.reshape(-1),
-                                                  label_smoothing=0.1)
+    with self.autocast():
+      logits = self.forward(self.src, self.tgt_in, self.tgt_mask)
+      loss = self.torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab).float(), self.tgt.reshape(-1),
+                                                    label_smoothing=0.1)
     loss.backward()
     self.opt.step()
     return float(loss.detach())
+
+  def reset_peak(self):
+    if self.device.type == 'cuda':
+      self.torch.cuda.reset_peak_memory_stats(self.device)
+
+  def memory(self) -> dict:
+    """Peak CUDA memory since `reset_peak` (the other torch runner's resident state included); nothing on a CPU."""
+    if self.device.type != 'cuda':
+      return {}
+    return {'peak_device_bytes': self.torch.cuda.max_memory_allocated(self.device)}
+
+  def release(self):
+    self.model = self.forward = self.opt = None
 
 
 # ----------------------------------------------------------------------------------------------------- main
 
 def measure(runners, rounds, steps, warmup):
-  """Warm-up steps, then rounds in which every runner takes `steps` individually timed steps in turn."""
+  """Warm-up steps (each runner's memory read after its own), then rounds in which every runner takes `steps`
+  individually timed steps in turn. Returns step times, CPU times and memory by runner name."""
   times = {r.name: [] for r in runners}
   cpu_times = {r.name: [] for r in runners}  # user + system seconds of all threads
+  memory = {}
   for r in runners:
+    r.reset_peak()
     for _ in range(warmup):
       r.step()
+    memory[r.name] = r.memory()
   for _ in range(rounds):
     for r in runners:
       for _ in range(steps):
@@ -197,7 +239,7 @@ def measure(runners, rounds, steps, warmup):
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu_times[r.name].append({'user': after.ru_utime - before.ru_utime, 'sys': after.ru_stime - before.ru_stime,
                                   'faults': after.ru_minflt - before.ru_minflt})
-  return times, cpu_times
+  return times, cpu_times, memory
 
 
 def throughput_record(name, config_name, cfg, rows, source_len, target_len, step_times, cpu_times, extra=None):
@@ -216,85 +258,80 @@ def throughput_record(name, config_name, cfg, rows, source_len, target_len, step
   return record
 
 
-def run_comparison(args):
+def make_runners(impls, cfg, host_batch, args, device):
+  """The runners `impls` names, in that order."""
+  makers = {'ours': lambda: Ours(cfg, host_batch),
+            'ours_stock': lambda: Ours(cfg, host_batch, cpu_kernels='off'),
+            'ours_cpu_kernels': lambda: Ours(cfg, host_batch, cpu_kernels='on'),
+            'torch': lambda: Torch(cfg, host_batch, args.threads, device=device),
+            'torch_compile': lambda: Torch(cfg, host_batch, args.threads, device=device, compiled=True)}
+  unknown = [name for name in impls if name not in makers]
+  if unknown:
+    raise SystemExit(f'--impls: unknown {unknown}; use some of {sorted(makers)}')
+  return [makers[name]() for name in impls]
+
+
+def run(args):
+  """Every config: the implementations side by side (alternating rounds), a JSON line each, then one table."""
   import jax  # pylint: disable=import-outside-toplevel
-  info = common.machine()
-  info.update(backend=jax.default_backend(), jax=jax.__version__, xla_flags=os.environ.get('XLA_FLAGS', ''))
+  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
   impls = [x for x in args.impls.split(',') if x]
-  if 'torch' in impls:
+  device = jax.devices()[0]
+  peak = metrics.peak_flops_per_device(device) if args.gpu_paper_batch else None
+  info = common.machine()
+  info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__,
+              xla_flags=os.environ.get('XLA_FLAGS', ''))
+  if any(name.startswith('torch') for name in impls):
     import torch  # pylint: disable=import-outside-toplevel
     info.update(torch=torch.__version__, torch_threads=args.threads)
-  common.emit({'bench': 'train_throughput', 'machine': info, 'override': args.override, 'malloc': args.malloc})
+  overrides = parse_overrides(args.override)
+  if args.gpu_paper_batch:
+    args.rows, args.source_len, args.target_len = args.paper_rows, args.paper_length, args.paper_length
+    overrides = {'dtype': 'bfloat16', 'attention': 'dot_product', **overrides}
+    args.override = ','.join(f'{k}={v}' for k, v in overrides.items())
+  common.emit({'bench': 'train_throughput', 'gpu_paper_batch': args.gpu_paper_batch, 'machine': info,
+               'override': args.override, 'malloc': args.malloc})
+  baseline = next((name for name in ('torch_compile', 'torch') if name in impls), None)  # of '× torch'
   table = []
   for config_name in [c for c in args.configs.split(',') if c]:
     cfg, rows, source_len, target_len = model_dims(config_name, args)
     host_batch = random_batch(rows, source_len, target_len, cfg.vocab_size)
-    runners = []
-    if 'ours' in impls:
-      runners.append(Ours(cfg, host_batch))
-    if 'ours_stock' in impls:
-      runners.append(Ours(cfg, host_batch, stock=True))
-    if 'torch' in impls:
-      runners.append(Torch(cfg, host_batch, args.threads))
-    times, cpu_times = measure(runners, args.rounds, args.steps, args.warmup)
+    runners = make_runners(impls, cfg, host_batch, args, 'cuda' if args.gpu_paper_batch else 'cpu')
+    times, cpu_times, memory = measure(runners, args.rounds, args.steps, args.warmup)
     records = {}
     for r in runners:
-      extra = {'compile_s': r.compile_s, 'attention': cfg.attention, 'remat': cfg.remat}
-      if isinstance(r, Ours):
-        extra.update(r.memory())
-      records[r.name] = throughput_record(r.name, config_name, cfg, rows, source_len, target_len, times[r.name],
-                                          cpu_times[r.name], extra)
-      common.emit(records[r.name])
+      extra = {'compile_s': r.compile_s, 'attention': cfg.attention, 'remat': cfg.remat, 'dtype': cfg.dtype,
+               **memory[r.name]}
+      records[r.name] = record = throughput_record(r.name, config_name, cfg, rows, source_len, target_len,
+                                                   times[r.name], cpu_times[r.name], extra)
+      if peak:
+        record['mfu'] = record['gflops_per_s'] * 1e9 / peak
+      common.emit(record)
+      r.release()
     ratios = {}
-    if 'torch' in records:
-      for name in records:
-        if name != 'torch':
-          ratios[name] = records[name]['target_tokens_per_s'] / records['torch']['target_tokens_per_s']
-          common.emit({'config': config_name, f'{name}_over_torch_tokens_per_s': ratios[name]})
+    for name in records:
+      if baseline and not name.startswith('torch'):
+        ratios[name] = records[name]['target_tokens_per_s'] / records[baseline]['target_tokens_per_s']
+        common.emit({'config': config_name, f'{name}_over_{baseline}_tokens_per_s': ratios[name]})
     for name, rec in records.items():
       table.append([config_name, name, f'{rows}×{source_len}+{target_len}', rec['step_s'] * 1e3,
-                    rec['cpu_s_per_step'], rec['target_tokens_per_s'], rec['all_tokens_per_s'], rec['gflops_per_s'],
+                    rec['cpu_s_per_step'], rec['target_tokens_per_s'], rec['all_tokens_per_s'],
+                    rec['gflops_per_s'], f"{100 * rec['mfu']:.1f}%" if 'mfu' in rec else '',
                     f'{ratios[name]:.2f}' if name in ratios else ''])
     del runners
   print()
   print(common.markdown_table(['config', 'impl', 'batch (rows×src+tgt)', 'step ms', 'CPU s/step', 'target tok/s',
-                               'src+tgt tok/s', 'GFLOP/s', '× torch tok/s'], table))
-
-
-def run_gpu_paper_batch(args):
-  """The base model in bfloat16 at the paper's ~25k+25k-token batch: step time and MFU (ours only)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
-  args.rows, args.source_len, args.target_len = args.paper_rows, args.paper_length, args.paper_length
-  overrides = {'dtype': 'bfloat16', 'attention': 'dot_product'}
-  overrides.update(parse_overrides(args.override))
-  args.override = ','.join(f'{k}={v}' for k, v in overrides.items())
-  cfg, rows, source_len, target_len = model_dims('base', args)
-  device = jax.devices()[0]
-  info = common.machine()
-  info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__)
-  common.emit({'bench': 'train_throughput', 'mode': 'gpu_paper_batch', 'machine': info, 'override': args.override,
-               'malloc': args.malloc})
-  ours = Ours(cfg, random_batch(rows, source_len, target_len, cfg.vocab_size))
-  times, cpu_times = measure([ours], args.rounds, args.steps, args.warmup)
-  peak = metrics.peak_flops_per_device(device)
-  record = throughput_record('ours', 'base-bf16-paper-batch', cfg, rows, source_len, target_len, times['ours'],
-                             cpu_times['ours'], {'compile_s': ours.compile_s, 'device': device.device_kind, 'peak_flops': peak})
-  record['mfu'] = record['gflops_per_s'] * 1e9 / peak if peak else None
-  common.emit(record)
-  print()
-  print(common.markdown_table(
-      ['device', 'batch (rows×src+tgt)', 'step ms', 'target tok/s', 'src+tgt tok/s', 'TFLOP/s', 'MFU'],
-      [[device.device_kind, f'{rows}×{source_len}+{target_len}', record['step_s'] * 1e3,
-        record['target_tokens_per_s'], record['all_tokens_per_s'], record['gflops_per_s'] / 1e3,
-        f"{100 * record['mfu']:.1f}%" if peak else 'n/a (unknown peak)']]))
+                               'src+tgt tok/s', 'GFLOP/s', 'MFU', '× torch tok/s'], table))
+  if baseline:
+    print(f'× torch: target tokens/s against {baseline}')
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--configs', default='default,base', help=f'comma-separated, from {CONFIGS}')
   p.add_argument('--impls', default='ours,torch',
-                 help="comma-separated: 'ours', 'torch', 'ours_stock' (ours with model.cpu_kernels=off)")
+                 help="comma-separated: 'ours', 'ours_stock' / 'ours_cpu_kernels' (model.cpu_kernels off / on), "
+                      "'torch', 'torch_compile'")
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--steps', type=int, default=3, help='timed steps per implementation per round')
   p.add_argument('--warmup', type=int, default=2, help='untimed steps per implementation after compiling')
@@ -308,7 +345,7 @@ def main(argv=None):
                  help="'reuse' (what train.py --host_memory=auto does on a CPU): glibc keeps freed memory "
                       "(cpu_backend.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults")
   p.add_argument('--gpu_paper_batch', action='store_true',
-                 help='base model, bfloat16, paper batch, ours only: step time and MFU (for a GPU)')
+                 help="on the first GPU: the paper's batch, bf16 (ours: bf16 compute; torch: CUDA, bf16 autocast), MFU")
   p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
   p.add_argument('--paper_length', type=int, default=128, help='--gpu_paper_batch source and target length')
   args = p.parse_args(argv)
@@ -316,10 +353,9 @@ def main(argv=None):
     os.environ['XLA_FLAGS'] = args.xla_flags
   if args.malloc == 'reuse' and not cpu_backend.reuse_host_memory():
     raise SystemExit('--malloc=reuse needs glibc (mallopt)')
-  if args.gpu_paper_batch:
-    run_gpu_paper_batch(args)
-  else:
-    run_comparison(args)
+  if args.gpu_paper_batch:  # torch shares the GPU: JAX takes memory as it needs it instead of 75% up front
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  run(args)
 
 
 if __name__ == '__main__':
