@@ -3,6 +3,8 @@ greedy or sampling, and continue prompts with a language model.
 
 Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate`,
 `transformer_jax.generate` and `transformer_jax.attention_plots`. Never imports the training loop.
+(~420 lines: every tool takes a `Restored` from the first half and hands it to the second — restoring and
+decoding text are the one job of turning a run directory into outputs; split, every caller would import both.)
 """
 
 import dataclasses
