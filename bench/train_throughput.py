@@ -1,4 +1,4 @@
-"""Training throughput of our jitted train step against `torch.nn.Transformer` (eager or torch.compile), same dimensions.
+"""Training throughput of our jitted train step against `torch.nn.Transformer` (eager or compiled), same sizes.
 
 Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 32 rows × 64 tokens),
 `base` (6+6 layers, d_model 512, d_ff 2048, 8 heads, dropout 0.1) and `big` (6+6 layers, d_model 1024, d_ff 4096,
