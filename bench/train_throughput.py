@@ -16,7 +16,7 @@ torch: torch.nn.Transformer(batch_first=True, dropout as ours) + a token embeddi
 Both run with glibc keeping freed memory for reuse (`--malloc=reuse`, as train.py does; `--malloc=system` for
 glibc's defaults), each step's user/system CPU time and page faults recorded.
 
-After compile/warm-up the two take turns: `--rounds` rounds of `--steps` steps each, every step timed on its
+After compile/warm-up the runners take turns: `--rounds` rounds of `--steps` steps each, every step timed on its
 own (waiting for its results); we report the median step time, tokens/s (target tokens = rows × target length,
 and source + target) and achieved GFLOP/s (metrics.train_flops, the same count for both).
 
@@ -56,7 +56,7 @@ def model_dims(name: str, args):
       cfg = cfg.replace(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3)
     rows, length = 32, 64
   else:
-    raise ValueError(f'unknown config {name!r}: use one of {CONFIGS}')
+    raise SystemExit(f'--configs: unknown {name!r}; use some of {CONFIGS}')
   rows = args.rows or rows
   source_len, target_len = args.source_len or length, args.target_len or length
   cfg = cfg.replace(max_len=max(cfg.max_len, source_len, target_len), **parse_overrides(args.override))
@@ -276,6 +276,8 @@ def run(args):
   import jax  # pylint: disable=import-outside-toplevel
   from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
   impls = [x for x in args.impls.split(',') if x]
+  if args.gpu_paper_batch and jax.default_backend() != 'gpu':
+    raise SystemExit(f'--gpu_paper_batch needs a GPU; JAX runs on {jax.default_backend()!r} here')
   device = jax.devices()[0]
   peak = metrics.peak_flops_per_device(device) if args.gpu_paper_batch else None
   info = common.machine()
@@ -284,10 +286,9 @@ def run(args):
   if any(name.startswith('torch') for name in impls):
     import torch  # pylint: disable=import-outside-toplevel
     info.update(torch=torch.__version__, torch_threads=args.threads)
-  overrides = parse_overrides(args.override)
   if args.gpu_paper_batch:
     args.rows, args.source_len, args.target_len = args.paper_rows, args.paper_length, args.paper_length
-    overrides = {'dtype': 'bfloat16', 'attention': 'dot_product', **overrides}
+    overrides = {'dtype': 'bfloat16', 'attention': 'dot_product', **parse_overrides(args.override)}
     args.override = ','.join(f'{k}={v}' for k, v in overrides.items())
   common.emit({'bench': 'train_throughput', 'gpu_paper_batch': args.gpu_paper_batch, 'machine': info,
                'override': args.override, 'malloc': args.malloc})
