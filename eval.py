@@ -50,14 +50,14 @@ def main(argv):
     compare_to = significance.Comparison(_COMPARE_TO.value, _COMPARE_METHOD.value, _COMPARE_SAMPLES.value,
                                          _COMPARE_SEED.value)
   distributed.initialize_from_flags()
-  from transformer_jax import inference, scoring  # pylint: disable=import-outside-toplevel
+  from transformer_jax import restoring, scoring  # pylint: disable=import-outside-toplevel
   overrides = cli.overrides()
   workdir = runs[0][0]
   split = _SPLIT.value or overrides.get('eval.test_split') or config_lib.of_run(workdir).eval.test_split
-  restored = inference.restore_ensemble([(config_lib.for_evaluation(member, overrides, split), member, step)
+  restored = restoring.restore_ensemble([(config_lib.for_evaluation(member, overrides, split), member, step)
                                          for member, step in runs], average_last=_CHECKPOINTS.average_last)
   if _SAVE_AVERAGED.value:
-    print(f'saved averaged params to {inference.save_averaged(restored, workdir)}')
+    print(f'saved averaged params to {restoring.save_averaged(restored, workdir)}')
   results = scoring.evaluate_split(restored, workdir, split, compare_to)
   print(scoring.describe(results, restored.config.eval.num_samples))
 

@@ -34,8 +34,7 @@ def main():
     config.model.update(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
     config.model.vocab_size = 200
   config.mesh.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
-  mesh = sharding.make_mesh(config.mesh)
-  rules = sharding.rules_from_config(config.mesh)
+  mesh, rules = sharding.mesh_and_rules(config.mesh)
   model, tx, _ = steps.training_objects(config)
   state, _ = steps.create_sharded_state(model, tx, 0, (sharding.data_parallel_size(mesh), 8), mesh, rules)
   state = state.as_dict()

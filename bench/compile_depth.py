@@ -43,8 +43,7 @@ def train_step_config(depth: int, scan_layers: bool, architecture: str):
 def measure(depth: int, scan_layers: bool, architecture: str) -> dict:
   """Seconds to trace and lower, and to compile, the train step; the lowered program's size."""
   config = train_step_config(depth, scan_layers, architecture)
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  rules = sharding.rules_from_config(config.mesh)
+  mesh, rules = sharding.mesh_and_rules(config.mesh, jax.devices()[:1])
   model, tx, schedule = steps.training_objects(config)
   abstract, shardings = steps.abstract_state_and_shardings(model, tx, 0, (ROWS, LENGTH), mesh, rules)
   sides = ('targets',) if architecture == 'decoder_only' else pipeline.SIDES

@@ -28,8 +28,9 @@ from absl import flags
 
 from bench import common
 from transformer_jax import config as config_lib
-from transformer_jax import inference
 from transformer_jax import export
+from transformer_jax import generation
+from transformer_jax import restoring
 from transformer_jax import scores
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
@@ -54,7 +55,7 @@ def _until_eos(ids) -> list[int]:
 def main(argv):
   del argv
   config = config_lib.of_run(_WORKDIR.value)
-  restored = inference.restore(config, _WORKDIR.value)
+  restored = restoring.restore(config, _WORKDIR.value)
   tok = restored.tokenizer
   sp = spm.SentencePieceProcessor(model_file=tok.path)
   split = sources.load_split(config.data, config.eval.test_split)
@@ -76,7 +77,7 @@ def main(argv):
       method, beam = ('greedy', 1) if decoding == 'greedy' else ('beam', 4)
       out = {}
       for inputs, batch_rows in zip(device_inputs, rows):
-        tokens, _ = inference.generate(restored.members, inputs, jax.random.key(0), method=method, beam_size=beam,
+        tokens, _ = generation.generate(restored.members, inputs, jax.random.key(0), method=method, beam_size=beam,
                                        alpha=alpha, max_decode_len=inputs.shape[1] + offset)
         tokens = np.asarray(jax.block_until_ready(tokens))[:, 0]
         out.update((index, _until_eos(tokens[r])) for r, (_, index) in enumerate(batch_rows))

@@ -24,6 +24,9 @@ from absl import flags
 from bench import common
 from transformer_jax.data import pipeline as pl
 from transformer_jax.data import tokenizer as tk
+from transformer_jax.sections import data as data_section
+from transformer_jax.sections import pipeline as pipeline_section
+from transformer_jax.sections import tokenizer as tokenizer_section
 
 
 def synthetic_pairs(num_pairs: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -56,7 +59,7 @@ def file_pairs(num_pairs: int, directory: str):
       with open(path, encoding='utf-8') as f:
         lines.append([line.rstrip('\n') for line in f])
     return list(zip(*lines))
-  config = sources.default_config()
+  config = data_section.default_config()
   config.source = 'files'
   config.files = {'train': paths}
   return sources.load_split(config, 'train')
@@ -68,7 +71,7 @@ def load_corpus(args, directory: str):
   if args.corpus == 'files':
     return file_pairs(max(args.num_pairs, 1_000_000), directory)
   from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
-  return sources.load_split(sources.default_config(), 'train')
+  return sources.load_split(data_section.default_config(), 'train')
 
 
 def measure(pairs, tokenizer, config, seconds: float, warmup_batches: int) -> dict:
@@ -115,7 +118,7 @@ def default_config_training_ratio(seconds: float, rounds: int) -> list[dict]:
   pairs = sources.load_split(config.data, 'train')
   with tempfile.TemporaryDirectory() as directory:
     tokenizer = tk.load_or_train_tokenizer(config.tokenizer, os.path.join(directory, 'spm.model'), pairs)
-  mesh, rules = sharding.make_mesh(config.mesh), sharding.rules_from_config(config.mesh)
+  mesh, rules = sharding.mesh_and_rules(config.mesh)
   model, tx, schedule = steps.training_objects(config)
   state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules)
   step_fn = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh)
@@ -144,9 +147,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--corpus', choices=('synthetic', 'builtin', 'files'), default='synthetic')
   parser.add_argument('--num_pairs', type=int, default=200_000)
-  parser.add_argument('--batching', choices=(*pl.BATCHINGS, 'both'), default='both')
+  parser.add_argument('--batching', choices=(*pipeline_section.BATCHINGS, 'both'), default='both')
   parser.add_argument('--vocab_size', type=int, default=8000)
-  parser.add_argument('--read_threads', type=int, default=pl.default_config().read_threads)
+  parser.add_argument('--read_threads', type=int, default=pipeline_section.default_config().read_threads)
   parser.add_argument('--num_workers', type=int, default=0)
   parser.add_argument('--seconds', type=float, default=10.0)
   parser.add_argument('--warmup_batches', type=int, default=20)
@@ -166,7 +169,7 @@ def main():
     common.emit({'corpus': args.corpus, 'pairs': len(pairs),
                  'load_seconds': time.perf_counter() - start, **common.machine(),
                  'load_average_1min': os.getloadavg()[0]})
-    tokenizer_config = tk.default_config()
+    tokenizer_config = tokenizer_section.default_config()
     tokenizer_config.vocab_size = args.vocab_size
     start = time.perf_counter()
     tokenizer = tk.load_or_train_tokenizer(tokenizer_config, os.path.join(directory, 'spm.model'), pairs)
@@ -174,8 +177,8 @@ def main():
                  'sample_sentences': min(tokenizer_config.sample_size, 2 * len(pairs)),
                  'vocab_size': tokenizer.vocab_size})
     results = []
-    for batching in (pl.BATCHINGS if args.batching == 'both' else (args.batching,)):
-      config = pl.default_config()
+    for batching in (pipeline_section.BATCHINGS if args.batching == 'both' else (args.batching,)):
+      config = pipeline_section.default_config()
       config.batching = batching
       config.read_threads = args.read_threads
       config.num_workers = args.num_workers

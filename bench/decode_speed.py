@@ -17,7 +17,8 @@ from absl import app
 from absl import flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.tokens import EOS_ID, PAD_ID
@@ -37,7 +38,7 @@ def generated_tokens(tokens: np.ndarray) -> int:
 def main(argv):
   del argv
   config = config_lib.of_run(_WORKDIR.value)
-  restored = inference.restore(config, _WORKDIR.value)
+  restored = restoring.restore(config, _WORKDIR.value)
   pairs = sources.load_split(config.data, config.eval.test_split)
   pairs = [pairs[i] for i in range(min(_SENTENCES.value, len(pairs)))]
   batch = next(pipeline.make_eval_batches(pairs, restored.tokenizer, len(pairs)))
@@ -45,7 +46,7 @@ def main(argv):
   max_len = batch['inputs'].shape[1] + config.decode.max_len_offset
 
   def run(method, beam, use_cache):
-    tokens, _ = inference.generate(restored.members, inputs, jax.random.key(0), method=method, beam_size=beam,
+    tokens, _ = generation.generate(restored.members, inputs, jax.random.key(0), method=method, beam_size=beam,
                                     alpha=config.decode.alpha, max_decode_len=max_len, use_cache=use_cache)
     return np.asarray(jax.block_until_ready(tokens))[:, 0]
 

@@ -37,6 +37,7 @@ import time
 
 from bench import common
 from transformer_jax import cpu_backend
+from transformer_jax.sections import mesh as mesh_section
 
 CONFIGS = ('default', 'base', 'big')
 
@@ -103,10 +104,9 @@ class Ours:
     from transformer_jax.model import Transformer  # pylint: disable=import-outside-toplevel
 
     train_cfg = config_lib.base_config().train  # paper schedule, Adam(0.9, 0.98, 1e-9), smoothing 0.1
-    mesh_cfg = sharding.default_config()
+    mesh_cfg = mesh_section.default_config()
     mesh_cfg.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
-    self.mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:1])
-    self.rules = sharding.rules_from_config(mesh_cfg)
+    self.mesh, self.rules = sharding.mesh_and_rules(mesh_cfg, jax.devices()[:1])
     model = Transformer(cfg)
     schedule = optim.make_schedule(train_cfg, cfg.d_model)
     tx = optim.make_optimizer(train_cfg, cfg.d_model)

@@ -26,7 +26,7 @@ import math
 import ml_collections
 
 from transformer_jax import config as config_lib
-from transformer_jax import sharding
+from transformer_jax.sections import mesh as mesh_section
 
 RUNLOCAL = 'runlocal'
 
@@ -84,7 +84,7 @@ def wmt14(language_pair: str, vocab_size: int) -> ml_collections.ConfigDict:
 def set_mesh(config: ml_collections.ConfigDict, preset: str) -> None:
   shape = MESH_PRESETS[preset]
   config.mesh.shape.update(shape)
-  config.mesh.dcn_shape.update({axis: 1 for axis in sharding.MESH_AXES})
+  config.mesh.dcn_shape.update({axis: 1 for axis in mesh_section.MESH_AXES})
   config.pipeline.batch_multiple = shape['data'] * shape['fsdp']
 
 
@@ -117,7 +117,7 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   config.pipeline.update(tokens_per_batch=2048, bucket_boundaries=(64,), packed_length=64, batch_size=32,
                          batch_multiple=8, num_workers=0)
   config.mesh.shape.update({'data': -1, 'fsdp': 1, 'tensor': 1})
-  config.mesh.dcn_shape.update({axis: 1 for axis in sharding.MESH_AXES})
+  config.mesh.dcn_shape.update({axis: 1 for axis in mesh_section.MESH_AXES})
 
   config.train.update(num_steps=200, warmup_steps=100, log_every=50, eval_every=100, eval_batches=2,
                       checkpoint_every=50)

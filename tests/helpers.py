@@ -212,7 +212,7 @@ def one_device_mesh(config: ml_collections.ConfigDict):
   """A 1-device mesh (the reference of the parallel runs) and the config's rules."""
   mesh_cfg = config.mesh.copy_and_resolve_references()
   mesh_cfg.shape = {'data': 1, 'fsdp': 1, 'tensor': 1}
-  return sharding.make_mesh(mesh_cfg, jax.devices()[:1]), sharding.rules_from_config(mesh_cfg)
+  return sharding.mesh_and_rules(mesh_cfg, jax.devices()[:1])
 
 
 def train_objects(config: ml_collections.ConfigDict):
@@ -296,6 +296,7 @@ _FORK_SERVER = r'''
 import json, os, runpy, sys
 from absl import app  # noqa: F401  (imported by every entry point, as are the modules below)
 from transformer_jax import cli, config  # noqa: F401
+from transformer_jax.sections import mesh as mesh_section
 def requests():
   pending = b''
   while chunk := os.read(0, 1 << 16):

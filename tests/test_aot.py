@@ -60,6 +60,21 @@ def test_train_step_compiles_for_v4_8(analyses, mesh):
     assert collectives['all-gather'].count > 0 and collectives['all-gather'].bytes > 0  # sharded parameters
 
 
+def _lowered_train_step(cpu_kernels: str) -> str:
+  program = _train_step(small_config('data', cpu_kernels=cpu_kernels))
+  with sharding.activate(program.mesh, program.rules):
+    return program.jitted.lower(*program.args).as_text()
+
+
+@pytest.mark.slow
+def test_a_tpu_program_compiled_on_a_cpu_host_makes_the_tpus_choices():
+  """model.cpu_kernels='auto' is decided by the devices the step is compiled for: the TPU program is the one
+  with the CPU kernels off, as on a TPU host, not the host's choice."""
+  auto = _lowered_train_step('auto')
+  assert auto == _lowered_train_step('off')
+  assert auto != _lowered_train_step('on')
+
+
 @pytest.mark.slow
 def test_fsdp_holds_a_quarter_of_the_state_per_chip(analyses):
   total = _param_bytes(small_config('data'))

@@ -17,7 +17,8 @@ import helpers
 from transformer_jax import config as config_lib
 from transformer_jax import ensemble
 from transformer_jax import files
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
 from transformer_jax import sweep
 from transformer_jax import trainer
 from transformer_jax.data import pipeline
@@ -172,16 +173,16 @@ def test_evaluation_falls_back_from_a_damaged_latest_checkpoint_and_keeps_it(tra
   workdir = str(tmp_path / 'run')
   shutil.copytree(trained, workdir)
   config = config_lib.of_run(workdir)
-  expected = inference.restore(config, workdir, step=4).params
+  expected = restoring.restore(config, workdir, step=4).params
   helpers.damage_checkpoint(os.path.join(Workdir(workdir).checkpoints, '6'))
   digest = helpers.tree_digest(Workdir(workdir).checkpoints)
-  restored = inference.restore(config, workdir)
+  restored = restoring.restore(config, workdir)
   assert restored.steps == [4]
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), jax.device_get(expected))
   assert 'checkpoint step 6 in' in caplog.text and 'does not restore' in caplog.text
-  assert inference.restore(config, workdir, average_last=2).steps == [2, 4]  # the newest two that restore
+  assert restoring.restore(config, workdir, average_last=2).steps == [2, 4]  # the newest two that restore
   with pytest.raises(ValueError) as error:  # an explicitly asked-for step is not replaced by another
-    inference.restore(config, workdir, step=6)
+    restoring.restore(config, workdir, step=6)
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == digest  # nothing deleted or rewritten
 
 
@@ -224,7 +225,7 @@ def test_learned_positions_decode_within_the_table_and_never_nan():
   max_decode_len = cfg.decode_length(inputs.shape[1], max_len_offset=50)
   assert max_decode_len == 12  # input + 50, capped at the 12 positions the table has
   for method in ('beam', 'greedy'):
-    tokens, scores = inference.generate((ensemble.Member(model, params),), inputs, jax.random.key(0),
+    tokens, scores = generation.generate((ensemble.Member(model, params),), inputs, jax.random.key(0),
                                         method=method, max_decode_len=max_decode_len)
     assert tokens.shape[-1] == 12 and np.all(np.isfinite(np.asarray(scores)))
   encoded = model.apply({'params': params}, inputs, method=Transformer.encode)
@@ -319,6 +320,24 @@ def test_entry_points_fail_with_one_line(entry_points, tmp_path, args, message):
   assert returncode != 0
   assert len(lines) == 1 and message in lines[0], lines[-5:]
   assert not os.path.exists(tmp_path / 'w') or not os.listdir(tmp_path / 'w')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('args,stdin,message', [
+    (['-m', 'transformer_jax.generate', '--prompt=The \udcff dog'], b'',
+     '--prompt is not valid UTF-8 text (byte 4 of it): pass UTF-8 text.'),
+    (['-m', 'transformer_jax.generate'], b'The dog\nbad \xff\n',
+     'standard input: line 2 is not valid UTF-8 (invalid start byte at byte 12); convert it to UTF-8'),
+    (['-m', 'transformer_jax.attention_plots', '--sentence=\udcfe'], b'',
+     '--sentence is not valid UTF-8 text (byte 0 of it): pass UTF-8 text.'),
+    (['-m', 'transformer_jax.attention_plots', '--sentence=Hi', '--target=\udcc3'], b'',
+     '--target is not valid UTF-8 text (byte 0 of it): pass UTF-8 text.'),
+])
+def test_every_tool_refuses_text_that_is_not_utf8_in_one_line(entry_points, args, stdin, message):
+  """Bytes that are not UTF-8 reach a tool as lone surrogates in its flags (Python's reading of argv) or as raw
+  bytes on standard input; every tool reads them through `text_input` and names where the bad byte is."""
+  returncode, errors = _run(entry_points, [*args, f'--workdir={LEGACY}'], stdin=stdin)
+  assert returncode == 1 and errors == [f'error: {message}'], errors
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 from transformer_jax.data import builtin as bc
 from transformer_jax.data import sources
 from transformer_jax.data.builtin import ACC, DAT, NOM
+from transformer_jax.sections import data as data_section
 
 NOUN, ADJ, VERB = bc.NOUN, bc.ADJECTIVE, bc.VERB
 
@@ -276,7 +277,7 @@ def _assert_sizes_distinct_disjoint(corpus, train_size, eval_size):
 
 
 def test_default_corpus_sizes_distinct_disjoint_and_loaded():
-  config = sources.default_config()
+  config = data_section.default_config()
   args = config.builtin_seed, config.builtin_train_size, config.builtin_eval_size
   corpus = bc.build_corpus(*args)
   _assert_sizes_distinct_disjoint(corpus, config.builtin_train_size, config.builtin_eval_size)

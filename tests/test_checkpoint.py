@@ -74,8 +74,7 @@ def test_resume_repeats_the_uninterrupted_run(uninterrupted, resumed):
 
 
 def _abstract_state(config):
-  mesh = sharding.make_mesh(config.mesh)
-  rules = sharding.rules_from_config(config.mesh)
+  mesh, rules = sharding.mesh_and_rules(config.mesh)
   model, tx, _ = helpers.train_objects(config)
   abstract, _ = steps.abstract_state_and_shardings(model, tx, config.train.seed,
                                                    (sharding.data_parallel_size(mesh), 8), mesh, rules)

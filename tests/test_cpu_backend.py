@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import checkpoint, cpu_backend, metrics
+from transformer_jax import aot, checkpoint, cpu_backend, metrics
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 
@@ -86,17 +86,27 @@ def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(
   def loss(setting, p):
     model = Transformer(cfg.replace(cpu_kernels=setting))
     logits = model.apply({'params': p}, tokens, tokens)
-    return metrics.token_metrics(logits, tokens, 0.1, cpu_kernels=model.config.use_cpu_kernels)['loss']
+    return metrics.token_metrics(logits, tokens, 0.1, cpu_kernels=cpu_backend.enabled(model.config.cpu_kernels))['loss']
 
   ours = jax.jit(jax.value_and_grad(functools.partial(loss, 'on')))(params)
   stock = jax.jit(jax.value_and_grad(functools.partial(loss, 'off')))(params)
   _assert_close(ours, stock)
 
 
-def test_the_setting_follows_the_backend_unless_forced():
+def _mesh_of(devices):
+  return jax.sharding.Mesh(np.asarray(devices).reshape(-1), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def test_auto_follows_the_devices_the_step_is_traced_for_not_the_host():
   assert jax.default_backend() == 'cpu'  # the tests run on CPU devices
   assert cpu_backend.enabled('auto') and cpu_backend.enabled('on') and not cpu_backend.enabled('off')
-  assert ModelConfig(cpu_kernels='auto').use_cpu_kernels and not ModelConfig(cpu_kernels='off').use_cpu_kernels
+  with jax.set_mesh(_mesh_of(jax.devices())):
+    assert cpu_backend.enabled('auto')
+  with jax.set_mesh(_mesh_of(aot.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
+    assert not cpu_backend.enabled('auto') and cpu_backend.enabled('on')
+    seen = []
+    jax.jit(lambda x: seen.append(cpu_backend.enabled('auto')) or x).trace(jax.ShapeDtypeStruct((2,), jnp.float32))
+    assert seen == [False]
   with pytest.raises(ValueError, match=r"model.cpu_kernels='fast' is not one of \('auto', 'on', 'off'\)"):
     ModelConfig(cpu_kernels='fast')
 

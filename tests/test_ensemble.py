@@ -16,7 +16,8 @@ import helpers
 from transformer_jax import config as config_lib
 from transformer_jax import decoding
 from transformer_jax import ensemble
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
 from transformer_jax import scoring
 from transformer_jax import significance
 from transformer_jax import steps
@@ -43,7 +44,7 @@ def _inputs() -> jax.Array:
 
 
 def _decode(members, method, use_cache=True):
-  tokens, scores = inference.generate(tuple(members), _inputs(), jax.random.key(0), method=method, beam_size=4,
+  tokens, scores = generation.generate(tuple(members), _inputs(), jax.random.key(0), method=method, beam_size=4,
                                       alpha=ALPHA, max_decode_len=MAX_DECODE_LEN, use_cache=use_cache)
   return np.asarray(tokens)[:, 0], np.asarray(scores)[:, 0]
 
@@ -72,8 +73,8 @@ def _before_pad(row) -> int:
 def _alone(member: ensemble.Member, search):
   """`search(logits_fn, cache, batch)` over the model's own cached logits (no ensemble), as one jitted program."""
   def run(params, inputs):
-    start = inference._start(member.model, params, inputs)
-    logits_fn, cache = inference._cached_logits_fn(member.model, params, start, MAX_DECODE_LEN)
+    start = generation._start(member.model, params, inputs)
+    logits_fn, cache = generation._cached_logits_fn(member.model, params, start, MAX_DECODE_LEN)
     return search(logits_fn, cache, inputs.shape[0])
   return jax.jit(run)(member.params, _inputs())
 
@@ -156,15 +157,15 @@ def _host(tree):
 def test_restore_an_ensemble_of_steps_or_of_runs(tmp_path):
   workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')
   config = config_lib.of_run(workdir)
-  restored = inference.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
+  restored = restoring.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
   assert restored.origins == ({'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]})
   for member, step in zip(restored.members, (2, 4)):
-    for a, b in zip(_host(member.params), _host(inference.restore(config, workdir, step=step).params)):
+    for a, b in zip(_host(member.params), _host(restoring.restore(config, workdir, step=step).params)):
       np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match='not an ensemble of 2: pass one --workdir') as error:
     restored.params  # pylint: disable=pointless-statement
   assert '\n' not in str(error.value)
-  averaged = inference.restore_ensemble([(config, workdir, None), (config_lib.of_run(other), other, None)],
+  averaged = restoring.restore_ensemble([(config, workdir, None), (config_lib.of_run(other), other, None)],
                                         average_last=2)
   assert [origin['steps'] for origin in averaged.origins] == [[2, 4], [2, 4]]
   assert averaged.members[0].params is not averaged.members[1].params
@@ -182,7 +183,7 @@ def test_members_must_share_the_tokenizer(tmp_path):
   config = config_lib.of_run(workdir)
   with pytest.raises(ValueError, match=f'{path} and {Workdir(workdir).tokenizer_model} are different '
                                        'SentencePiece models') as error:
-    inference.restore_ensemble([(config, workdir, None), (config, other, None)])
+    restoring.restore_ensemble([(config, workdir, None), (config, other, None)])
   assert '\n' not in str(error.value)
 
 
@@ -190,7 +191,7 @@ def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
   workdir = _copy_legacy(tmp_path)
   config = config_lib.of_run(workdir)
   before = helpers.tree_digest(workdir)
-  restored = inference.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
+  restored = restoring.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
   results = scoring.evaluate_split(restored, workdir, 'validation')  # the legacy run's test split
   run_dir = Workdir(workdir)
   with open(run_dir.results_file('validation', 'validation', 'ensemble')) as f:
@@ -198,8 +199,8 @@ def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
   assert saved['ensemble'] == [{'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]}]
   assert 'step' not in saved and saved['translations']['hyp'] == run_dir.translation_file('validation', 'hyp',
                                                                                           'ensemble')
-  assert saved['params'] == 2 * sum(x.size for x in _host(inference.restore(config, workdir).params))
-  single = scoring.teacher_forced_metrics(inference.restore(config, workdir, step=4),
+  assert saved['params'] == 2 * sum(x.size for x in _host(restoring.restore(config, workdir).params))
+  single = scoring.teacher_forced_metrics(restoring.restore(config, workdir, step=4),
                                           sources.load_split(config.data, 'validation'))
   assert saved['validation_nll'] != single['nll']  # the ensemble's own loss, not a member's
   assert {k: v for k, v in helpers.tree_digest(workdir).items() if k in before} == before  # results.json kept
@@ -238,7 +239,7 @@ def test_an_ensemble_of_two_seeded_runs_scores_at_least_the_better_runs_bleu(see
     with open(Workdir(workdir).final_results_file, encoding='utf-8') as f:
       bleu[workdir] = json.load(f)['bleu']
   better = max(workdirs, key=bleu.get)
-  restored = inference.restore_ensemble([(config_lib.of_run(workdir), workdir, None) for workdir in workdirs])
+  restored = restoring.restore_ensemble([(config_lib.of_run(workdir), workdir, None) for workdir in workdirs])
   results = scoring.evaluate_split(restored, workdirs[0], 'test', significance.Comparison(
       Workdir(better).final_results_file))
   print(f'test BLEU on 200 sentences, greedy: runs {list(bleu.values())}, ensemble {results["bleu"]}')

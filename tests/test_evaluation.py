@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention_plots
-from transformer_jax import scores
 from transformer_jax import checkpoint
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
+from transformer_jax import scores
 from transformer_jax import scoring
 from transformer_jax import sharding
+from transformer_jax import steps
 from transformer_jax import trainer
-from transformer_jax.workdir import Workdir
 from transformer_jax.tokens import EOS_ID, PAD_ID
+from transformer_jax.workdir import Workdir
 import helpers
 
 
@@ -45,8 +47,8 @@ def _host(tree):
 @pytest.mark.parametrize('run', ['trained', 'trained_lm'])
 def test_restore_onto_one_device_and_eight(run, request):
   config, workdir = request.getfixturevalue(run)
-  on_eight = inference.restore(config, workdir)
-  on_one = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
+  on_eight = restoring.restore(config, workdir)
+  on_one = restoring.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
   assert on_eight.steps == on_one.steps == [30]
   assert len(jax.tree.leaves(on_one.params)[0].sharding.device_set) == 1
   for a, b in zip(jax.tree.leaves(_host(on_eight.params)), jax.tree.leaves(_host(on_one.params))):
@@ -58,7 +60,7 @@ def test_restore_onto_one_device_and_eight(run, request):
 def test_checkpoint_from_one_device_restores_on_eight_fsdp(run, request, tmp_path):
   config, workdir = request.getfixturevalue(run)
   one_mesh = sharding.make_mesh(_data_only(config), jax.devices()[:1])
-  restored = inference.restore(config, workdir, mesh=one_mesh)
+  restored = restoring.restore(config, workdir, mesh=one_mesh)
   other = str(tmp_path / 'copy')
   os.makedirs(other)
   manager = checkpoint.make_manager(Workdir(other).checkpoints, async_save=False)
@@ -67,7 +69,7 @@ def test_checkpoint_from_one_device_restores_on_eight_fsdp(run, request, tmp_pat
   fsdp_cfg = config.mesh.copy_and_resolve_references()
   fsdp_cfg.shape = {'data': 1, 'fsdp': 8, 'tensor': 1}
   mesh8 = sharding.make_mesh(fsdp_cfg)
-  target = inference.abstract_params(restored.model, mesh8, restored.rules)
+  target = steps.abstract_params(restored.model, mesh8, restored.rules)
   params8 = checkpoint.restore_params(checkpoint.make_manager(Workdir(other).checkpoints, create=False), 7, target)
   embedding = params8['shared_embedding']['embedding']
   assert len(embedding.sharding.device_set) == 8
@@ -78,39 +80,40 @@ def test_checkpoint_from_one_device_restores_on_eight_fsdp(run, request, tmp_pat
 @pytest.mark.slow
 def test_restore_a_given_step_and_unknown_step(trained):
   config, workdir = trained
-  assert inference.restore(config, workdir, step=20).steps == [20]
+  assert restoring.restore(config, workdir, step=20).steps == [20]
   with pytest.raises(ValueError, match='no checkpoint of step 25'):
-    inference.restore(config, workdir, step=25)
+    restoring.restore(config, workdir, step=25)
 
 
 @pytest.mark.slow
 def test_averaging(trained, tmp_path):
   config, workdir = trained
-  steps_params = {s: _host(inference.restore(config, workdir, step=s).params) for s in (20, 30)}
-  averaged = _host(inference.restore(config, workdir, average_last=2).params)
+  steps_params = {s: _host(restoring.restore(config, workdir, step=s).params) for s in (20, 30)}
+  averaged = _host(restoring.restore(config, workdir, average_last=2).params)
   for a, p20, p30 in zip(*(jax.tree.leaves(t) for t in (averaged, steps_params[20], steps_params[30]))):
     np.testing.assert_allclose(a, (p20 + p30) / 2, rtol=1e-6, atol=1e-7)
   # averaging K identical checkpoints returns them unchanged
-  restored = inference.restore(config, workdir, step=30)
+  restored = restoring.restore(config, workdir, step=30)
   same = str(tmp_path / 'same')
   manager = checkpoint.make_manager(Workdir(same).checkpoints, async_save=False)
   for step in (1, 2, 3):
     checkpoint.save(manager, step, {'params': restored.params}, force=True)
   manager.wait_until_finished()
-  target = inference.abstract_params(restored.model, restored.mesh, restored.rules)
-  mean, steps = checkpoint.average_params(manager, [1, 2, 3], lambda s: checkpoint.restore_params(manager, s, target))
-  assert steps == [1, 2, 3]
+  target = steps.abstract_params(restored.model, restored.mesh, restored.rules)
+  mean, averaged = checkpoint.average_params(manager, [1, 2, 3],
+                                             lambda s: checkpoint.restore_params(manager, s, target))
+  assert averaged == [1, 2, 3]
   for a, b in zip(jax.tree.leaves(_host(mean)), jax.tree.leaves(_host(restored.params))):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match=r'asked to average 9 checkpoints but only 3 of .* restore'):
-    inference.restore(config, workdir, average_last=9)
+    restoring.restore(config, workdir, average_last=9)
 
 
 @pytest.mark.slow
 def test_save_averaged_checkpoint(trained):
   config, workdir = trained
-  restored = inference.restore(config, workdir, average_last=3)
-  path = inference.save_averaged(restored, workdir)
+  restored = restoring.restore(config, workdir, average_last=3)
+  path = restoring.save_averaged(restored, workdir)
   assert os.path.isdir(path) and path.endswith('30')
 
 
@@ -128,16 +131,16 @@ SENTENCES = ['The dog sees the cat.', 'I paint the glass.', 'Does she visit eigh
 @pytest.mark.slow
 def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
   config, workdir = trained
-  restored = inference.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
+  restored = restoring.restore(config, workdir, mesh=sharding.make_mesh(_data_only(config), jax.devices()[:1]))
   inputs = _inputs(restored, SENTENCES)
   kw = dict(max_decode_len=20)
-  greedy, _ = inference.generate(restored.members, inputs, jax.random.key(0), method='greedy', **kw)
-  beam1, _ = inference.generate(restored.members, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
+  greedy, _ = generation.generate(restored.members, inputs, jax.random.key(0), method='greedy', **kw)
+  beam1, _ = generation.generate(restored.members, inputs, jax.random.key(0), method='beam', beam_size=1, alpha=0.0,
                                  **kw)
   np.testing.assert_array_equal(greedy, beam1)
   for method in ('greedy', 'beam'):
-    cached, s1 = inference.generate(restored.members, inputs, jax.random.key(0), method=method, **kw)
-    uncached, s2 = inference.generate(restored.members, inputs, jax.random.key(0), method=method, use_cache=False,
+    cached, s1 = generation.generate(restored.members, inputs, jax.random.key(0), method=method, **kw)
+    uncached, s2 = generation.generate(restored.members, inputs, jax.random.key(0), method=method, use_cache=False,
                                        **kw)
     np.testing.assert_array_equal(cached, uncached)
     np.testing.assert_allclose(s1, s2, rtol=1e-4, atol=1e-4)
@@ -150,7 +153,7 @@ def test_beam_one_equals_greedy_and_cache_equals_no_cache(trained):
 @pytest.mark.slow
 def test_evaluate_split_writes_bleu_results_and_translations(trained):
   config, workdir = trained
-  restored = inference.restore(config, workdir)
+  restored = restoring.restore(config, workdir)
   results = scoring.evaluate_split(restored, workdir, 'test')
   saved = json.load(open(Workdir(workdir).final_results_file))
   for key in ('bleu', 'tokenized_bleu', 'bleu_signature', 'test_loss', 'test_perplexity', 'test_accuracy', 'params'):
@@ -172,20 +175,20 @@ def test_evaluate_split_writes_bleu_results_and_translations(trained):
 @pytest.mark.slow
 def test_translate_lines_empty_and_too_long(trained):
   config, workdir = trained
-  restored = inference.restore(config, workdir)
-  out = inference.translate_lines(restored, ['The dog sees the cat.', '', '   ', 'He sleeps.'])
+  restored = restoring.restore(config, workdir)
+  out = generation.translate_lines(restored, ['The dog sees the cat.', '', '   ', 'He sleeps.'])
   assert len(out) == 4 and out[1] == '' and out[2] == ''
-  assert out[0] == inference.translate_lines(restored, ['The dog sees the cat.'])[0]
+  assert out[0] == generation.translate_lines(restored, ['The dog sees the cat.'])[0]
   long_line = ' '.join(['dog'] * 200)
   with pytest.raises(ValueError, match='line 1 has .* tokens, more than the model'):
-    inference.translate_lines(restored, [long_line])
-  assert len(inference.translate_lines(restored, [long_line], truncate=True)) == 1
+    generation.translate_lines(restored, [long_line])
+  assert len(generation.translate_lines(restored, [long_line], truncate=True)) == 1
 
 
 @pytest.mark.slow
 def test_attention_heatmaps(trained, tmp_path):
   config, workdir = trained
-  restored = inference.restore(config, workdir)
+  restored = restoring.restore(config, workdir)
   src = restored.tokenizer.encode('The dog sees the cat.') + [EOS_ID]
   tgt = restored.tokenizer.encode('Der Hund sieht die Katze.') + [EOS_ID]
   maps = attention_plots.attention_maps(restored, src, tgt)
@@ -234,11 +237,11 @@ def test_eval_bad_inputs(entry_points, trained, tmp_path):
   empty.mkdir()
   (empty / 'config.json').write_text(open(os.path.join(workdir, 'config.json')).read())
   with pytest.raises(FileNotFoundError, match='tokenizer'):
-    inference.restore(config, str(empty))
+    restoring.restore(config, str(empty))
   wrong = config.copy_and_resolve_references()
   wrong.model.d_ff = 24
   with pytest.raises(ValueError, match=r'ffn.*checkpoint \(\d+, \d+\) vs config'):
-    inference.restore(wrong, workdir)
+    restoring.restore(wrong, workdir)
 
 
 def test_write_translations_writes_one_line_per_sentence(tmp_path):

@@ -10,8 +10,9 @@ import pytest
 import sentencepiece as spm
 
 from transformer_jax import config as config_lib
-from transformer_jax import inference
 from transformer_jax import export
+from transformer_jax import generation
+from transformer_jax import restoring
 from transformer_jax import scores
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
@@ -42,7 +43,7 @@ def trained(seeded_runs):
 
 def _restore(config, workdir):
   """Params, model and tokenizer of the latest checkpoint (the one call into the restore API)."""
-  return inference.restore(config, workdir)
+  return restoring.restore(config, workdir)
 
 
 def _ids_until_eos(row) -> list[int]:
@@ -65,7 +66,7 @@ def _test_sources(config, count=SENTENCES) -> list[str]:
 def _our_greedy(restored, inputs: np.ndarray, max_decode_len: int) -> list[list[int]]:
   with restored.on_mesh():
     batch = jax.make_array_from_process_local_data(sharding.batch_sharding(restored.mesh), inputs)
-    tokens, _ = inference.generate(restored.members, batch, jax.random.key(0), method='greedy',
+    tokens, _ = generation.generate(restored.members, batch, jax.random.key(0), method='greedy',
                                     max_decode_len=max_decode_len)
   return [_ids_until_eos(row) for row in np.asarray(tokens)[:, 0]]
 
@@ -222,7 +223,7 @@ def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_gr
   longest = max(len(sp.encode(line)) + 1 for line in lines)  # with EOS; the lines make one batch
   max_decode_len = pipeline.padded_length(longest) + config.decode.max_len_offset  # as both engines limit it
   assert served == [sp.decode(ids) for ids in _ct2_greedy(out, sp, lines, max_decode_len)]
-  assert served == inference.translate_lines(_restore(config, workdir), lines, method='greedy')
+  assert served == generation.translate_lines(_restore(config, workdir), lines, method='greedy')
   assert len(set(served)) >= SENTENCES // 4
 
 

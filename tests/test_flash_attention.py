@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention
-from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.sections import mesh as mesh_section
 
 # Lengths not a multiple of any kernel block, so the wrappers' padding is exercised.
 CASES = {
@@ -92,9 +92,9 @@ def test_kernel_matches_reference(implementation, case):
 def test_kernel_runs_per_device_block_on_a_mesh(implementation):
   """Under a data × tensor mesh each device runs the kernel on its rows and heads (shard_map), same result."""
   q, k, v, spec = _case('packed_causal')
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), sharding.MESH_AXES)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   expected = attention.attend(q, k, v, spec, implementation='reference')
-  with attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+  with attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
     jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
     assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr
     out = jax.jit(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec)

@@ -11,7 +11,7 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import inference
+from transformer_jax import restoring
 from transformer_jax import scoring
 from transformer_jax import trainer
 from transformer_jax.data import sources
@@ -37,7 +37,7 @@ def test_its_config_loads_on_todays_defaults():
 
 def test_its_params_restore_to_the_logged_validation_loss():
   config = config_lib.of_run(LEGACY)
-  restored = inference.restore(config, LEGACY, step=4)
+  restored = restoring.restore(config, LEGACY, step=4)
   pairs = sources.load_split(config.data, config.eval.split)
   values = scoring.teacher_forced_metrics(restored, pairs)
   with open(Workdir(LEGACY).final_results_file) as f:

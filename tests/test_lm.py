@@ -14,13 +14,17 @@ import pytest
 import helpers
 from transformer_jax import config as config_lib
 from transformer_jax import ensemble
-from transformer_jax import inference
+from transformer_jax import generation
 from transformer_jax import metrics
+from transformer_jax import restoring
 from transformer_jax import scoring
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.sections import data as data_section
+from transformer_jax.sections import pipeline as pipeline_section
+from transformer_jax.sections import tokenizer as tokenizer_section
 from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 
@@ -100,18 +104,18 @@ def test_cached_generation_equals_the_uncached_forward_pass(name):
   model, params = _init(cfg, helpers.tokens(0, (1, 4)))
   prompts, steps = _prompt_batch(PROMPTS, 8), 6
   members, kw = (ensemble.Member(model.module, params),), dict(max_decode_len=steps)
-  greedy, _ = inference.generate(members, prompts, jax.random.key(0), method='greedy', **kw)
-  uncached, _ = inference.generate(members, prompts, jax.random.key(0), method='greedy', use_cache=False, **kw)
+  greedy, _ = generation.generate(members, prompts, jax.random.key(0), method='greedy', **kw)
+  uncached, _ = generation.generate(members, prompts, jax.random.key(0), method='greedy', use_cache=False, **kw)
   np.testing.assert_array_equal(greedy, uncached)
   for row, prompt in enumerate(PROMPTS):
     expected = _greedy_by_forward_passes(model, params, prompt, steps)
     np.testing.assert_array_equal(np.asarray(greedy)[row, 0, :len(expected)], expected)
   # Beam scores are sums of log-probabilities: the cached and uncached logits agree in value, not only in argmax.
-  beams = [inference.generate(members, prompts, jax.random.key(0), method='beam', beam_size=3, use_cache=use, **kw)
+  beams = [generation.generate(members, prompts, jax.random.key(0), method='beam', beam_size=3, use_cache=use, **kw)
            for use in (True, False)]
   np.testing.assert_array_equal(beams[0][0], beams[1][0])
   np.testing.assert_allclose(beams[0][1], beams[1][1], rtol=1e-4, atol=1e-4)
-  sampled = [inference.generate(members, prompts, jax.random.key(3), method='sample', use_cache=use, **kw)[0]
+  sampled = [generation.generate(members, prompts, jax.random.key(3), method='sample', use_cache=use, **kw)[0]
              for use in (True, False)]
   np.testing.assert_array_equal(*sampled)
 
@@ -120,7 +124,7 @@ def test_cached_generation_equals_the_uncached_forward_pass(name):
 
 
 def _data(**fields):
-  config = sources.default_config()
+  config = data_section.default_config()
   config.update(fields)
   return config
 
@@ -161,13 +165,13 @@ DOCUMENTS = [' '.join(f'w{(i * 7 + j) % 23}' for j in range(i % 9 + 1)) for i in
 
 @pytest.fixture(scope='module')
 def tokenizer(tmp_path_factory):
-  config = tokenizer_lib.default_config()
+  config = tokenizer_section.default_config()
   config.vocab_size = 28
   return tokenizer_lib.load_or_train_tokenizer(config, str(tmp_path_factory.mktemp('tok') / 'spm.model'), DOCUMENTS)
 
 
 def test_packed_documents_fill_only_the_targets_and_resume(tokenizer):
-  config = pipeline.default_config()
+  config = pipeline_section.default_config()
   config.update(max_length=16, packed_length=32, batch_size=4, batch_multiple=4)
   dataset = pipeline.make_train_dataset(DOCUMENTS, tokenizer, config)
   iterator = iter(dataset)
@@ -203,7 +207,7 @@ def test_bits_per_byte_and_unigram_perplexity_by_hand():
 @pytest.mark.slow
 def test_evaluation_reports_perplexity_bits_per_byte_and_the_unigram_baseline(trained_lm):
   config, workdir = trained_lm
-  restored = inference.restore(config, workdir)
+  restored = restoring.restore(config, workdir)
   results = scoring.evaluate_split(restored, workdir, 'test')
   with open(Workdir(workdir).final_results_file) as f:
     saved = json.load(f)
@@ -224,14 +228,14 @@ def test_evaluation_reports_perplexity_bits_per_byte_and_the_unigram_baseline(tr
 @pytest.mark.slow
 def test_prompts_longer_than_the_model_are_refused_or_fitted(trained_lm):
   config, workdir = trained_lm
-  restored = inference.restore(config, workdir)
+  restored = restoring.restore(config, workdir)
   long_prompt = next(text for n in range(1, 64) if len(restored.tokenizer.encode(text := ' '.join(['dog'] * n))) >= 28)
   prompts = ['The dog', long_prompt]  # 28 or 29 tokens: room for 3 or 4 more in the model's 32
   with pytest.raises(ValueError, match=r"prompt 2 has \d+ tokens, which with max_new_tokens=8 is more than the "
                                        r"model's max length 32: shorten the prompt"):
-    inference.continue_prompts(restored, prompts, max_new_tokens=8)
+    generation.continue_prompts(restored, prompts, max_new_tokens=8)
   # With fit, every prompt gets as many new tokens as the longest leaves room for.
-  (short,), (long,) = inference.continue_prompts(restored, prompts, max_new_tokens=8, temperature=0, fit=True)
+  (short,), (long,) = generation.continue_prompts(restored, prompts, max_new_tokens=8, temperature=0, fit=True)
   assert short.startswith('The dog') and long.startswith(long_prompt)
 
 

@@ -15,6 +15,8 @@ from etils import epath
 import helpers
 from transformer_jax.data import pipeline as pl
 from transformer_jax.data import tokenizer as tk
+from transformer_jax.sections import pipeline as pipeline_section
+from transformer_jax.sections import tokenizer as tokenizer_section
 from transformer_jax.tokens import EOS_ID, PAD_ID
 
 WORDS = 'the a cat dog house tree red blue small big runs sees and of in on with green'.split()
@@ -42,13 +44,13 @@ KEPT = set(range(NUM_PAIRS)) - set(TOO_LONG) - set(EMPTY)
 
 @pytest.fixture(scope='module')
 def tokenizer(tmp_path_factory):
-  config = tk.default_config()
+  config = tokenizer_section.default_config()
   config.vocab_size = 200
   return tk.load_or_train_tokenizer(config, str(tmp_path_factory.mktemp('run') / 'spm.model'), PAIRS)
 
 
 def _config(batching, **fields):
-  config = pl.default_config()
+  config = pipeline_section.default_config()
   config.update({'batching': batching, 'max_length': MAX_LENGTH, 'packed_length': 32,
                  'batch_size': 8, 'tokens_per_batch': 256, 'bucket_boundaries': (8, 16, 24),
                  'batch_multiple': 4, **fields})
@@ -98,7 +100,7 @@ def _epoch(tokenizer, config, **hosts):
       assert (rows, length) == (config.batch_size // process_count, config.packed_length)
     else:
       assert length in config.bucket_boundaries
-      assert rows * process_count == pl.bucket_batch_sizes(config, process_count)[
+      assert rows * process_count == pipeline_section.bucket_batch_sizes(config, process_count)[
           config.bucket_boundaries.index(length)]
   return batches
 
@@ -109,7 +111,7 @@ def _expected_examples(tokenizer, indices):
       for e in (pl.encode_pair(tokenizer, PAIRS[i]) for i in indices))
 
 
-@pytest.mark.parametrize('batching', pl.BATCHINGS)
+@pytest.mark.parametrize('batching', pipeline_section.BATCHINGS)
 def test_one_epoch_gives_back_exactly_the_encoded_examples(tokenizer, batching):
   batches = _epoch(tokenizer, _config(batching))
   examples = [example for batch in batches for example in _examples(batch)]
@@ -123,7 +125,7 @@ def test_one_epoch_gives_back_exactly_the_encoded_examples(tokenizer, batching):
 
 def test_token_budget_batches_are_bucketed_within_budget(tokenizer):
   config = _config('token_budget')
-  assert pl.bucket_batch_sizes(config) == [32, 16, 8]  # 256 // length, multiple of 4
+  assert pipeline_section.bucket_batch_sizes(config) == [32, 16, 8]  # 256 // length, multiple of 4
   for batch in _epoch(tokenizer, config):
     rows, length = batch['inputs'].shape
     assert rows * length <= config.tokens_per_batch and rows % config.batch_multiple == 0
@@ -132,7 +134,7 @@ def test_token_budget_batches_are_bucketed_within_budget(tokenizer):
       assert shorter < max(map(len, example)) <= length
 
 
-@pytest.mark.parametrize('batching', pl.BATCHINGS)
+@pytest.mark.parametrize('batching', pipeline_section.BATCHINGS)
 @pytest.mark.parametrize('process_count', [2, 4])
 def test_hosts_get_disjoint_complete_shards_and_equal_shapes(tokenizer, batching, process_count):
   config = _config(batching)
@@ -157,7 +159,7 @@ def _assert_same_batches(expected, actual):
     assert a.keys() == b.keys() and all(np.array_equal(a[key], b[key]) for key in a)
 
 
-@pytest.mark.parametrize('batching', pl.BATCHINGS)
+@pytest.mark.parametrize('batching', pipeline_section.BATCHINGS)
 def test_restored_iterator_continues_exactly_across_epochs(tokenizer, batching):
   config = _config(batching)
   epoch_batches = len(_epoch(tokenizer, config))

@@ -12,9 +12,9 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import inference
 from transformer_jax import layer_layout
 from transformer_jax import metrics
+from transformer_jax import restoring
 from transformer_jax import sharding
 from transformer_jax.model import make_model
 from transformer_jax.model_config import ModelConfig
@@ -86,17 +86,16 @@ def test_stacked_parameters_carry_an_unsharded_layers_axis():
   assert layers and all(leaf.names[0] == 'layers' and leaf.value.shape[0] == 3 for leaf in layers)
   config = helpers.tiny_config()
   config.mesh.shape = {'data': 1, 'fsdp': 8, 'tensor': 1}
-  shardings = sharding.logical_shardings(boxed, sharding.make_mesh(config.mesh),
-                                         sharding.rules_from_config(config.mesh))
+  shardings = sharding.logical_shardings(boxed, *sharding.mesh_and_rules(config.mesh))
   kernel = shardings['decoder']['layers']['ffn']['wi']['kernel'].spec  # [layers, embed, mlp]
   assert kernel[0] is None and kernel[1] == 'fsdp'
 
 
 def test_a_checkpoint_restores_into_the_other_layout_with_the_same_logits(trained_lm):
   config, workdir = trained_lm
-  unrolled = inference.restore(config, workdir)
+  unrolled = restoring.restore(config, workdir)
   scanned_config = config_lib.for_evaluation(workdir, {'model.scan_layers': True}, 'test')  # eval.py may ask for it
-  scanned = inference.restore(scanned_config, workdir)
+  scanned = restoring.restore(scanned_config, workdir)
   assert layer_layout.is_scanned(scanned.params) and not layer_layout.is_scanned(unrolled.params)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(layer_layout.convert(scanned.params, False)),
                jax.device_get(unrolled.params))

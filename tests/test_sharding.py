@@ -40,7 +40,7 @@ def setup(request):
 def _mesh(config, shape, devices):
   config = config.copy_and_resolve_references()
   config.mesh.shape = shape
-  return sharding.make_mesh(config.mesh, devices), sharding.rules_from_config(config.mesh)
+  return sharding.mesh_and_rules(config.mesh, devices)
 
 
 def _train(setup, mesh, rules, state, shardings):
@@ -82,24 +82,33 @@ def test_meshes_train_like_one_device(setup, one_device, name):
   assert len(set(np.round(losses, 4))) == NUM_STEPS  # the steps really trained (losses change)
 
 
+def _bytes_per_device(tree) -> dict:
+  """Bytes of a tree's arrays held by each device."""
+  totals = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      totals[shard.device] = totals.get(shard.device, 0) + shard.data.nbytes
+  return totals
+
+
 def test_fsdp_stores_an_eighth_of_the_params_per_device(setup):
   config, model, tx, _, _ = setup
   mesh, rules = _mesh(config, MESHES['fsdp'], jax.devices())
   state, _ = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
   total = sum(x.nbytes for x in jax.tree.leaves(state.params))
-  per_device = sharding.bytes_per_device(state.params)
+  per_device = _bytes_per_device(state.params)
   assert len(per_device) == 8
   # Everything with an embed (d_model) axis is split 8 ways; only small per-head biases stay replicated.
   assert max(per_device.values()) <= total / 8 * 1.1, (max(per_device.values()), total)
   assert sum(per_device.values()) <= total * 1.5
   # The optimizer state (Adam's moments) follows the params.
-  opt_per_device = sharding.bytes_per_device(state.opt_state)
+  opt_per_device = _bytes_per_device(state.opt_state)
   opt_total = sum(x.nbytes for x in jax.tree.leaves(state.opt_state))
   assert max(opt_per_device.values()) <= opt_total / 8 * 1.1
   # Data parallel, for contrast, keeps a full copy on every device.
   mesh, rules = _mesh(config, MESHES['dp'], jax.devices())
   abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
-  replicated = sharding.bytes_per_device(jax.device_put(jax.device_get(state.params), shardings.params))
+  replicated = _bytes_per_device(jax.device_put(jax.device_get(state.params), shardings.params))
   assert min(replicated.values()) == total
 
 

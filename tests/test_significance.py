@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from transformer_jax import config as config_lib
-from transformer_jax import inference
+from transformer_jax import restoring
 from transformer_jax import scores
 from transformer_jax import scoring
 from transformer_jax import significance
@@ -162,7 +162,7 @@ def test_evaluation_stores_and_prints_the_paired_test_of_the_files_it_wrote(tmp_
   baseline = tmp_path / 'baseline.txt'
   baseline.write_text(''.join(' '.join(ref.split()[::2]) + '\n' for ref in references), encoding='utf-8')
   comparison = significance.Comparison(str(baseline), samples=N)
-  results = scoring.evaluate_split(inference.restore(config, workdir), workdir, 'validation', comparison)
+  results = scoring.evaluate_split(restoring.restore(config, workdir), workdir, 'validation', comparison)
   with open(Workdir(workdir).final_results_file, encoding='utf-8') as f:
     saved = json.load(f)
   written = {kind: read_hypotheses(path, len(references)) for kind, path in saved['translations'].items()}
@@ -180,7 +180,7 @@ def test_evaluation_stores_and_prints_the_paired_test_of_the_files_it_wrote(tmp_
 def test_a_baseline_of_another_test_set_stops_evaluation_before_it_decodes(tmp_path):
   workdir = str(tmp_path / 'run')
   shutil.copytree(LEGACY, workdir)
-  restored = inference.restore(config_lib.of_run(workdir), workdir)
+  restored = restoring.restore(config_lib.of_run(workdir), workdir)
   baseline = tmp_path / 'baseline.txt'
   baseline.write_text('one line\n', encoding='utf-8')
   with pytest.raises(ValueError, match=f'{baseline} has 1 lines but the references have 16'):

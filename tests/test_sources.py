@@ -13,6 +13,7 @@ import pytest
 from transformer_jax import config as config_lib
 from transformer_jax import prepare_tfds
 from transformer_jax.data import builtin, sources
+from transformer_jax.sections import data as data_section
 
 tfds = sources.import_tfds()
 
@@ -37,7 +38,7 @@ class TransformerJaxTinyTranslate(tfds.core.GeneratorBasedBuilder):
 
 
 def _config(**fields):
-  config = sources.default_config()
+  config = data_section.default_config()
   config.update(fields)
   return config
 
@@ -59,7 +60,7 @@ def test_files_and_tfds_dir_are_settable_as_flags_on_the_default_config(tmp_path
   """The README's `--config.data.files.train.source=...` works on configs/default.py, as overrides on the
   command line apply (the config is locked: only existing keys can be set)."""
   files = {}
-  for split in sources.FILE_SPLITS:
+  for split in data_section.FILE_SPLITS:
     for side, text in (('source', 'a b\nc\n'), ('target', 'x\ny z\n')):
       path = tmp_path / f'{split}.{side}'
       path.write_text(text)

@@ -8,6 +8,7 @@ import pytest
 import sentencepiece as spm
 
 from transformer_jax.data import tokenizer as tk
+from transformer_jax.sections import tokenizer as tokenizer_section
 from transformer_jax.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
 from transformer_jax.workdir import Workdir
 
@@ -22,7 +23,7 @@ def _pairs(n, seed=0):
 
 
 def _config(**fields):
-  config = tk.default_config()
+  config = tokenizer_section.default_config()
   config.update({'vocab_size': 120, **fields})
   return config
 

@@ -8,9 +8,6 @@ without a GPU ("No visible GPU devices") unless given a GpuTargetConfigProto as 
 would then also need ptxas and libdevice; that path is untried here.
 
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
-
-(~430 lines: the slices, the compile and its reading, the collectives in the HLO and the advice belong to one
-question, whether a run fits, and nothing else imports their parts.)
 """
 
 import dataclasses
@@ -29,6 +26,7 @@ from transformer_jax import metrics as metrics_lib
 from transformer_jax import sharding
 from transformer_jax import steps
 from transformer_jax.data import pipeline
+from transformer_jax.sections import mesh as mesh_section
 
 GiB = 1 << 30
 
@@ -307,7 +305,7 @@ def mesh_presets(num_chips: int) -> dict[str, dict]:
 def set_mesh_shape(config: ml_collections.ConfigDict, shape: dict) -> None:
   """A single-slice mesh; global batches then come in multiples of the data-parallel size (as configs/presets)."""
   config.mesh.shape.update(shape)
-  config.mesh.dcn_shape.update({axis: 1 for axis in sharding.MESH_AXES})
+  config.mesh.dcn_shape.update({axis: 1 for axis in mesh_section.MESH_AXES})
   config.pipeline.batch_multiple = shape['data'] * shape['fsdp']
 
 
@@ -326,7 +324,7 @@ def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
   """What a run of `config` compiles, with abstract sharded arguments on `devices`: the train step for every
   batch shape (one per token-budget bucket) with the trainer's own builders (same mesh, rules, shardings and
   donation), and the eval step for the widest evaluation batch."""
-  mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules_from_config(config.mesh)
+  mesh, rules = sharding.mesh_and_rules(config.mesh, devices)
   sharding.check_batches(config, mesh)
   model, tx, schedule = steps.training_objects(config)
   init_shape = (sharding.data_parallel_size(mesh), 8)

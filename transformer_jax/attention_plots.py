@@ -20,16 +20,17 @@ from absl import flags  # noqa: E402
 
 from transformer_jax import cli  # noqa: E402
 from transformer_jax import config as config_lib  # noqa: E402
-from transformer_jax import inference  # noqa: E402
+from transformer_jax import generation  # noqa: E402
 from transformer_jax import layer_layout  # noqa: E402
-from transformer_jax.model import Transformer  # noqa: E402
+from transformer_jax import restoring  # noqa: E402
+from transformer_jax import text_input  # noqa: E402
 from transformer_jax.model_config import ModelConfig  # noqa: E402
 
 KINDS = {'encoder': ('encoder', 'self_attention'), 'decoder': ('decoder', 'self_attention'),
          'cross': ('decoder', 'cross_attention')}
 
 
-def attention_maps(restored: inference.Restored, source_ids: list[int], target_ids: list[int]) -> dict:
+def attention_maps(restored: restoring.Restored, source_ids: list[int], target_ids: list[int]) -> dict:
   """{kind: [layers, heads, query, key] weights} for one example (ids include EOS)."""
   inputs = jnp.asarray([source_ids], jnp.int32)
   targets = jnp.asarray([target_ids], jnp.int32)
@@ -70,9 +71,9 @@ def plot_heads(weights: np.ndarray, query_tokens: list[str], key_tokens: list[st
 def _check_request(cfg: ModelConfig, sentence: str, target: str | None, out_dir: str, layers, head) -> None:
   """Everything a plot needs, checked before any work (the tool checks before restoring the checkpoint): one line
   naming the flag that is wrong."""
-  if not sentence.strip():
+  if not text_input.flag_text(sentence, 'sentence').strip():
     raise ValueError('--sentence is blank: pass the source sentence to plot.')
-  if target is not None and not target.strip():
+  if target is not None and not text_input.flag_text(target, 'target').strip():
     raise ValueError('--target is blank: pass a translation, or leave --target out to use the model\'s own.')
   layer_count = min(cfg.num_encoder_layers, cfg.num_decoder_layers)
   for layer in layers or ():
@@ -89,10 +90,10 @@ def plot_sentence(restored, sentence: str, out_dir: str, *, target: str | None =
   """Writes one PNG per (kind, layer) for `sentence`; returns the paths."""
   _check_request(restored.model.config, sentence, target, out_dir, layers, head)
   tok, max_len = restored.tokenizer, restored.model.config.max_len
-  (source_ids,) = inference.encode_lines([sentence], tok, max_len, False, what='--sentence', fix='shorten it')
+  (source_ids,) = text_input.encode_lines([sentence], tok, max_len, False, what='--sentence', fix='shorten it')
   if target is None:
-    target = inference.translate_lines(restored, [sentence])[0]
-  (target_ids,) = inference.encode_lines([target], tok, max_len, False, what='the target', fix='shorten it')
+    target = generation.translate_lines(restored, [sentence])[0]
+  (target_ids,) = text_input.encode_lines([target], tok, max_len, False, what='the target', fix='shorten it')
   maps = attention_maps(restored, source_ids, target_ids)
   src_tokens = [tok.id_to_piece(i) for i in source_ids]
   tgt_tokens = [tok.id_to_piece(i) for i in target_ids]
@@ -124,7 +125,7 @@ def main(argv):
   kinds = tuple(KINDS) if _KIND.value == 'all' else (_KIND.value,)
   layers = None if _LAYER.value is None else [_LAYER.value]
   _check_request(ModelConfig.from_dict(config.model), _SENTENCE.value, _TARGET.value, _OUT.value, layers, _HEAD.value)
-  restored = inference.restore(config, _WORKDIR.value)
+  restored = restoring.restore(config, _WORKDIR.value)
   for path in plot_sentence(restored, _SENTENCE.value, _OUT.value, target=_TARGET.value, kinds=kinds, layers=layers,
                             head=_HEAD.value):
     print(path)

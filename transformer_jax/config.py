@@ -1,16 +1,17 @@
-"""The run's config: each section's defaults come from the module that owns it, one `validate` runs every
-section's checks, and config files load one way for every tool.
+"""The run's config: each section's defaults and checks come from its leaf module (`model_config` for the model,
+`sections/` for the rest), one `validate` runs every section's checks, and config files load one way for every
+tool. Nothing here imports JAX, the data pipeline, the training loop or inference.
 
-| section | owner (defaults and checks) |
-|---|---|
-| `model` | `model_config.ModelConfig` |
-| `data` | `data/sources.py` |
-| `tokenizer` | `data/tokenizer.py` |
-| `pipeline` | `data/pipeline.py` |
-| `mesh` | `sharding.py` |
-| `train` | `trainer.py` (with `optim.py`'s optimizer keys) |
-| `eval` | `scoring.py` |
-| `decode` | `inference.py` |
+| section | defaults and checks | used by |
+|---|---|---|
+| `model` | `model_config.ModelConfig` | `model.py` |
+| `data` | `sections/data.py` | `data/sources.py` |
+| `tokenizer` | `sections/tokenizer.py` | `data/tokenizer.py` |
+| `pipeline` | `sections/pipeline.py` | `data/pipeline.py` |
+| `mesh` | `sections/mesh.py` | `sharding.py` |
+| `train` | `sections/train.py` | `trainer.py`, `optim.py` |
+| `eval` | `sections/eval.py` | `scoring.py` |
+| `decode` | `sections/decode.py` | `generation.py` |
 
 Config files (`configs/*.py`) start from `base_config()` and change what their experiment changes. Values that
 must agree are tied with `FieldReference`s, so overriding one key keeps them consistent: the model's and the
@@ -24,15 +25,15 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from transformer_jax import files
-from transformer_jax import inference
 from transformer_jax import model_config
-from transformer_jax import scoring
-from transformer_jax import sharding
-from transformer_jax import trainer
-from transformer_jax.data import pipeline
-from transformer_jax.data import sources
-from transformer_jax.data import tokenizer
 from transformer_jax.errors import one_line
+from transformer_jax.sections import data
+from transformer_jax.sections import decode
+from transformer_jax.sections import eval as eval_section
+from transformer_jax.sections import mesh
+from transformer_jax.sections import pipeline
+from transformer_jax.sections import tokenizer
+from transformer_jax.sections import train
 from transformer_jax.workdir import Workdir
 
 # What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
@@ -48,15 +49,15 @@ def base_config() -> ml_collections.ConfigDict:
   config.model = model_config.default_config()
   config.model.vocab_size = vocab_size
   config.model.max_len = max_length
-  config.data = sources.default_config()
+  config.data = data.default_config()
   config.tokenizer = tokenizer.default_config()
   config.tokenizer.vocab_size = vocab_size
   config.pipeline = pipeline.default_config()
   config.pipeline.max_length = max_length
-  config.mesh = sharding.default_config()
-  config.train = trainer.default_config()
-  config.eval = scoring.default_config()
-  config.decode = inference.default_config()
+  config.mesh = mesh.default_config()
+  config.train = train.default_config()
+  config.eval = eval_section.default_config()
+  config.decode = decode.default_config()
   return config
 
 
@@ -69,13 +70,13 @@ def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | 
   model = model_config.ModelConfig.from_dict(config.model)
   if data_splits is None:
     data_splits = ('train', config.eval.split, config.eval.test_split)
-  sources.validate(config.data, data_splits, documents=model.decoder_only)  # a language model reads documents
+  data.validate(config.data, data_splits, documents=model.decoder_only)  # a language model reads documents
   tokenizer.validate(config.tokenizer)
   pipeline.validate(config.pipeline)
-  sharding.validate(config.mesh, model)
-  trainer.validate(config.train)
-  scoring.validate(config.eval)
-  inference.validate(config.decode)
+  mesh.validate(config.mesh, model)
+  train.validate(config.train)
+  eval_section.validate(config.eval)
+  decode.validate(config.decode)
   keep = config.train.keep_checkpoints
   if keep is not None and keep < config.eval.average_last:
     raise ValueError(f'train.keep_checkpoints={keep} < eval.average_last={config.eval.average_last}: the final '

@@ -1,13 +1,12 @@
 """The XLA:CPU backend's speed-ups, behind one seam: hand-written backward passes, host-memory reuse, and
 checkpoint saves that copy each array once.
 
-The model and the loss use stock JAX/Flax pieces on every backend. On a CPU (`model.cpu_kernels='auto'`, the
-default, there; 'on'/'off' force it) three of them take backward passes written for XLA:CPU's layouts, with the
-same values as autodiff (tested): projections (`dot_general`, for `nn.DenseGeneral`), the tied pre-softmax layer
-(`tied_logits`) and the label-smoothed cross-entropy (`cross_entropy`). Together 1.3× a base-model step on a
-2-core CPU; host-memory reuse another 1.4× (bench/RESULTS.md). On an H100 the backward passes, forced on, made a
-bf16 base step 1.07× faster with 3.25 GB less temp memory (bench/RESULTS.md, 'On an H100'); 'auto' keeps them to
-the CPU until a kernel-by-kernel measurement (and one on a TPU) says which to keep where.
+The model and the loss use stock JAX/Flax pieces on every backend. When the run's devices are CPUs
+(`model.cpu_kernels='auto'`, the default; 'on'/'off' force it) three of them take backward passes written for
+XLA:CPU's layouts, with the same values as autodiff (tested): projections (`dot_general`, for
+`nn.DenseGeneral`), the tied pre-softmax layer (`tied_logits`) and the label-smoothed cross-entropy
+(`cross_entropy`). Their measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps
+them to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.
 """
 
 import ctypes
@@ -20,15 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-SETTINGS = ('auto', 'on', 'off')  # model.cpu_kernels
+from transformer_jax import sharding
+from transformer_jax.model_config import CPU_KERNELS
+
 _CONTRACTION = 'contraction'  # checkpoint name of a projection's output, saved by the dot remat policies
 
 
 def enabled(setting: str) -> bool:
-  """Whether `model.cpu_kernels=setting` means the CPU kernels (decided when the step is traced)."""
-  if setting not in SETTINGS:
-    raise ValueError(f'model.cpu_kernels={setting!r} is not one of {SETTINGS}.')
-  return setting == 'on' or (setting == 'auto' and jax.default_backend() == 'cpu')
+  """Whether `model.cpu_kernels=setting` (`model_config.CPU_KERNELS`) means the CPU kernels, decided when the step
+  is traced: 'auto' from the devices it is traced for (`sharding.target_platform`), never from the host's."""
+  if setting not in CPU_KERNELS:
+    raise ValueError(f'model.cpu_kernels={setting!r} is not one of {CPU_KERNELS}.')
+  return setting == 'on' or (setting == 'auto' and sharding.target_platform() == 'cpu')
 
 
 # --------------------------------------------------------------------------------------- projections
@@ -45,8 +47,8 @@ def _contract_fwd(x, kernel, num_in):
 
 def _contract_bwd(num_in, residuals, g):
   """dx = g · Wᵀ and dW = xᵀ · g. Autodiff's form makes XLA:CPU materialise the cotangent g transposed, fused
-  with the dropout backward before it (re-read in a cache-hostile order: ~30 ms per layer and direction in the
-  base model); this form transposes only the saved input x."""
+  with the dropout backward before it (re-read in a cache-hostile order); this form transposes only the saved
+  input x."""
   x, kernel = residuals
   num_batch = x.ndim - num_in
   dx = jnp.tensordot(g, kernel, axes=(tuple(range(num_batch, g.ndim)), tuple(range(num_in, kernel.ndim))))
@@ -85,7 +87,7 @@ def tied_logits(y: jax.Array, embedding: jax.Array) -> jax.Array:
   """y · Eᵀ, [..., d] × [vocab, d] -> [..., vocab]: the values of `nn.Embed.attend`.
 
   Autodiff computes dE as gᵀ · y, and XLA:CPU then materialises the [vocab, tokens] transpose of the logits
-  cotangent (fused with the softmax backward, recomputed in a cache-hostile order: ~20% of a base-model step).
+  cotangent (fused with the softmax backward, recomputed in a cache-hostile order).
   Here dE = (yᵀ · g)ᵀ: only the small [tokens, d] activations and the [d, vocab] result are transposed.
   """
   return jnp.dot(y, embedding.T)
@@ -135,7 +137,7 @@ def cross_entropy(logits, targets, smoothing):
 
   Reads the logits a few times without materialising log-probabilities or a one-hot target, and the backward
   pass is one elementwise pass over them (softmax − smoothed target); autodiff of the plain formula
-  materialises several [tokens, vocab] arrays (0.5 GB more temporaries in a base-model step).
+  materialises several [tokens, vocab] arrays.
   """
   return _cross_entropy_and_lse(logits, targets, smoothing)[0]
 
@@ -173,8 +175,8 @@ def reuse_host_memory() -> bool:
   """Makes glibc keep freed memory for reuse instead of returning it to the kernel; True if it applied.
 
   With glibc's defaults a block over 32 MiB is mmap'ed on malloc and unmapped on free, so XLA:CPU's temp buffer
-  of a whole jitted step (2.3 GB at base size) is fresh memory every step: one page fault per 4 KiB page plus
-  the kernel zeroing it (~580k faults, 3.2 s of system time per base step on 2 cores). One arena, no mmap and
+  of a whole jitted step is fresh memory every step: one page fault per 4 KiB page plus the kernel zeroing it
+  (bench/RESULTS.md has the cost). One arena, no mmap and
   no trimming make later steps reuse the heap; the process keeps its peak heap size. Call it before JAX starts
   its threads (so they share the main arena). False where the C library is not glibc.
   """
@@ -189,8 +191,8 @@ def reuse_host_memory() -> bool:
 def replica_parallel_saves() -> bool:
   """Whether checkpoint saves keep orbax's replica-parallel writes (its default except on GPUs: each replicated
   array split over its replicas, so that devices and hosts share the copies off the accelerators). Not on the CPU:
-  its devices are one host memory, where the split only adds a dispatched slice per replica and array (a save of
-  the default config's state on 8 CPU devices blocks the loop 7x longer with it, bench/RESULTS.md)."""
+  its devices are one host memory, where the split only adds a dispatched slice per replica and array
+  (`bench.checkpoint_saves` measures it)."""
   return jax.default_backend() != 'cpu'
 
 

@@ -15,8 +15,11 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import config as config_lib
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
+from transformer_jax import text_input
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.sections import decode as decode_section
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
 _PROMPT = flags.DEFINE_string('prompt', None, 'The text to continue (default: one prompt per line of standard input).')
@@ -37,6 +40,7 @@ _SAMPLING = {
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; prompts come from --prompt or standard input.')
+  prompts = [text_input.flag_text(_PROMPT.value, 'prompt')] if _PROMPT.value is not None else text_input.read_stdin()
   config = config_lib.of_run(_WORKDIR.value)
   model = ModelConfig.from_dict(config.model)
   if not model.decoder_only:
@@ -45,10 +49,9 @@ def main(argv):
   for name, flag in _SAMPLING.items():
     if flag.value is not None:
       config.decode[name] = flag.value
-  inference.validate(config.decode)
-  restored = inference.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
-  prompts = [_PROMPT.value] if _PROMPT.value is not None else sys.stdin.read().splitlines()
-  texts = inference.continue_prompts(restored, prompts, **{name: config.decode[name] for name in _SAMPLING},
+  decode_section.validate(config.decode)
+  restored = restoring.restore(config, _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value)
+  texts = generation.continue_prompts(restored, prompts, **{name: config.decode[name] for name in _SAMPLING},
                                      seed=_SEED.value, num_samples=_NUM_SAMPLES.value, batch_size=_BATCH.value,
                                      fit=_SAMPLING['max_new_tokens'].value is None)
   sys.stdout.write(''.join(text + '\n' for samples in texts for text in samples))

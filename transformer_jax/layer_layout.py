@@ -3,7 +3,7 @@
 Unrolled (`model.scan_layers=False`): one subtree per layer, `layer_0`..`layer_{N-1}`. Scanned: one subtree
 `layers` whose leaves hold every layer, stacked on a leading axis. `convert` turns any tree holding layer stacks
 (params, an optimizer state that mirrors them, a whole train state) into either layout, bit for bit, so a
-checkpoint written in one layout restores into a model of the other (`inference.restore`).
+checkpoint written in one layout restores into a model of the other (`restoring.restore`).
 """
 
 import functools

@@ -41,12 +41,6 @@ def cross_entropy(logits, targets, smoothing: float):
   return cross - entropy, nll, correct
 
 
-def label_smoothed_loss(logits, targets, smoothing: float):
-  """(label-smoothed loss, nll) per token, both [batch, length]; see `cross_entropy`."""
-  loss, nll, _ = cross_entropy(logits, targets, smoothing)
-  return loss, nll
-
-
 def token_metrics(logits, targets, smoothing: float, *, cpu_kernels: bool = False) -> dict:
   """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens').
 

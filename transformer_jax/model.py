@@ -11,7 +11,7 @@ tensor2tensor and fairseq; embeddings are normal(0, d_model^-0.5), so that after
 the embedded tokens have unit variance and the tied pre-softmax layer starts with small logits; biases 0,
 LayerNorm scales 1. Every parameter and key activation carries logical axis names
 (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`, and `layers` when scanned) that `sharding.py` maps
-to mesh axes. (One file of ~420 lines: the architecture read in one place, as the paper describes it.)
+to mesh axes. One file: the architecture read in one place, as the paper describes it.
 """
 
 import math
@@ -107,7 +107,8 @@ def dense(config: ModelConfig, features, names: tuple[str, ...], *, axis=-1, use
   return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=config.compute_dtype,
                          param_dtype=config.weight_dtype, kernel_init=kernel_init,
                          bias_init=_param(nn.initializers.zeros, bias_names),
-                         dot_general=cpu_backend.dot_general if config.use_cpu_kernels else None, name=name)
+                         dot_general=cpu_backend.dot_general if cpu_backend.enabled(config.cpu_kernels) else None,
+                         name=name)
 
 
 class MultiHeadAttention(nn.Module):
@@ -248,13 +249,15 @@ class DecoderLayer(nn.Module):
 def _layer_stack(layer_cls, config: ModelConfig, num_layers: int, x, *args, **attributes):
   """x through `num_layers` layers: unrolled (`layer_0`..) or one `nn.scan` named `layers` (`model.scan_layers`).
 
-  The scan stacks every parameter on a leading `layers` axis (unsharded by default, see sharding.DEFAULT_RULES)
+  The scan stacks every parameter on a leading `layers` axis (unsharded by default, see sections/mesh.py)
   and the decoding cache on axis 1, so that cache leaves keep the batch first (decoding reorders their rows).
   Rematerialisation (`model.remat`, not while decoding) wraps the layer inside the scan.
   """
   if config.remat != 'none' and not attributes.get('decode'):
     policy = _REMAT_POLICIES[config.remat]
-    layer_cls = nn.remat(layer_cls, policy=cpu_backend.remat_policy(policy) if config.use_cpu_kernels else policy,
+    if cpu_backend.enabled(config.cpu_kernels):
+      policy = cpu_backend.remat_policy(policy)
+    layer_cls = nn.remat(layer_cls, policy=policy,
                          prevent_cse=not config.scan_layers)  # a scan already keeps XLA from merging recomputation
   if not config.scan_layers:
     for i in range(num_layers):
@@ -323,7 +326,7 @@ class Decoder(nn.Module):
       y = layer_norm(cfg, 'final_norm')(y)
     if not cfg.share_embeddings:
       logits = dense(cfg, cfg.vocab_size, ('embed', 'vocab'), name='logits')(y)
-    elif cfg.use_cpu_kernels:
+    elif cpu_backend.enabled(cfg.cpu_kernels):
       logits = cpu_backend.tied_logits(y.astype(cfg.compute_dtype), self.embedding.embedding.astype(cfg.compute_dtype))
     else:
       logits = self.embedding.attend(y)

@@ -1,19 +1,20 @@
-"""The model's hyperparameters as a frozen dataclass; derived values (d_k, d_v) are computed here only."""
+"""The model's hyperparameters as a frozen dataclass, the config's `model` section; derived values (d_k, d_v) are
+computed here only. A leaf: it imports no JAX, so reading a config loads no backend."""
 
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 import ml_collections
-
-from transformer_jax import cpu_backend
+import ml_dtypes
+import numpy as np
 
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 POSITIONAL = ('sinusoidal', 'learned')
 NORMS = ('post', 'pre')
 ATTENTIONS = ('reference', 'dot_product', 'chunked', 'flash_tpu', 'flash_gpu')
 REMATS = ('none', 'full', 'dots', 'dots_no_batch')
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16, 'float16': np.float16}
+CPU_KERNELS = ('auto', 'on', 'off')  # 'auto': on when the run's devices are CPUs (cpu_backend.enabled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class ModelConfig:
   scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
   dtype: str = 'float32'  # compute dtype
   param_dtype: str = 'float32'
-  cpu_kernels: str = 'auto'  # the XLA:CPU backward passes (cpu_backend.py): 'auto' (on a CPU), 'on', 'off'
+  cpu_kernels: str = 'auto'  # the XLA:CPU backward passes (cpu_backend.py): see CPU_KERNELS
 
   def __post_init__(self):
     _check_choice('architecture', self.architecture, ARCHITECTURES)
@@ -53,7 +54,7 @@ class ModelConfig:
     _check_choice('remat', self.remat, REMATS)
     _check_choice('dtype', self.dtype, tuple(DTYPES))
     _check_choice('param_dtype', self.param_dtype, tuple(DTYPES))
-    _check_choice('cpu_kernels', self.cpu_kernels, cpu_backend.SETTINGS)
+    _check_choice('cpu_kernels', self.cpu_kernels, CPU_KERNELS)
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ValueError(
           f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}: '
@@ -100,10 +101,6 @@ class ModelConfig:
     """Output tokens allowed for an input of `input_length` tokens: input + offset (§6.1), within the limit."""
     wanted = input_length + max_len_offset
     return wanted if self.position_limit is None else min(wanted, self.position_limit)
-
-  @property
-  def use_cpu_kernels(self) -> bool:
-    return cpu_backend.enabled(self.cpu_kernels)
 
   @property
   def compute_dtype(self) -> Any:

@@ -4,29 +4,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-SCHEDULES = ('paper', 'linear_warmup_rsqrt', 'linear_warmup_cosine', 'constant')
-
-
-def default_config() -> dict:
-  """The optimizer's keys of the `train` section: the paper's Adam and schedule (§5.3)."""
-  return {
-      'schedule': 'paper',  # see SCHEDULES
-      'learning_rate_scale': 1.0,  # multiplies the paper's schedule
-      'learning_rate': 1e-3,  # peak of the linear-warmup schedules
-      'warmup_steps': 4000,
-      'adam_b1': 0.9,
-      'adam_b2': 0.98,
-      'adam_eps': 1e-9,
-      'grad_clip_norm': 0.0,  # 0: off
-      'weight_decay': 0.0,  # > 0: AdamW
-  }
-
-
-def validate(train: ml_collections.ConfigDict) -> None:
-  _check_schedule(train)
-  if train.warmup_steps > train.num_steps:
-    raise ValueError(f'train.warmup_steps={train.warmup_steps} > train.num_steps={train.num_steps}: '
-                     'lower the warmup or train longer.')
+from transformer_jax.sections import train as train_section
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -39,14 +17,9 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
   return schedule
 
 
-def _check_schedule(train: ml_collections.ConfigDict) -> None:
-  if train.schedule not in SCHEDULES:
-    raise ValueError(f'train.schedule={train.schedule!r} is not one of {SCHEDULES}.')
-
-
 def make_schedule(train: ml_collections.ConfigDict, d_model: int) -> optax.Schedule:
   """The schedule named by `train.schedule`; `train.learning_rate` is the peak of the non-paper ones."""
-  _check_schedule(train)
+  train_section.check_schedule(train)
   peak, warmup = train.learning_rate, train.warmup_steps
   if train.schedule == 'paper':
     return paper_schedule(d_model, warmup, train.learning_rate_scale)

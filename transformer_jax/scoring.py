@@ -7,14 +7,14 @@ import json
 import os
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
 from transformer_jax import checkpoint
 from transformer_jax import files
-from transformer_jax import inference
+from transformer_jax import generation
 from transformer_jax import metrics as metrics_lib
+from transformer_jax import restoring
 from transformer_jax import scores
 from transformer_jax import sharding
 from transformer_jax import significance
@@ -24,25 +24,8 @@ from transformer_jax.data import sources
 from transformer_jax.tokens import EOS_ID
 from transformer_jax.workdir import Workdir
 
-
-def default_config() -> ml_collections.ConfigDict:
-  """The `eval` section."""
-  return ml_collections.ConfigDict({
-      'split': 'validation',  # teacher-forced loss during training
-      'test_split': 'test',  # BLEU at the end of training and the default of eval.py
-      'batch_size': 64,  # sentences per teacher-forced batch (global)
-      'average_last': 5,  # checkpoints averaged for the final evaluation (§6.1: 5 base, 20 big)
-      'num_samples': 5,  # sample translations (language model: continuations of held-out prompts) printed
-  })
-
 # The unigram baseline of a language model counts tokens of at most this many training documents (a seeded sample).
 UNIGRAM_DOCUMENTS = 200_000
-
-
-def validate(eval_config: ml_collections.ConfigDict) -> None:
-  for key, low in (('batch_size', 1), ('average_last', 1), ('num_samples', 0)):
-    if eval_config[key] < low:
-      raise ValueError(f'eval.{key} must be >= {low}, got {eval_config[key]}.')
 
 
 def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
@@ -62,7 +45,7 @@ def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batc
   return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
-def teacher_forced_metrics(restored: inference.Restored, pairs) -> dict:
+def teacher_forced_metrics(restored: restoring.Restored, pairs) -> dict:
   """`teacher_forced` over every pair (or document), with the restored model or ensemble."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.members)
   eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
@@ -89,7 +72,7 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
   return paths
 
 
-def evaluate_split(restored: inference.Restored, workdir: str, split: str,
+def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
                    compare_to: significance.Comparison | None = None) -> dict:
   """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split of the
   restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison'); a language
@@ -115,7 +98,7 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str,
     logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
                     'scoring (results.json: cut_sentences)', cut, split, limit, limit)
   losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
-  hypotheses = inference.translate_pairs(restored, pairs, config.decode)
+  hypotheses = generation.translate_pairs(restored, pairs, config.decode)
   sources_text = [src for src, _ in pairs]
   references = [tgt for _, tgt in pairs]
   lang = config.data.target_lang
@@ -133,12 +116,12 @@ def evaluate_split(restored: inference.Restored, workdir: str, split: str,
   return results
 
 
-def _tag(restored: inference.Restored) -> str | None:
+def _tag(restored: restoring.Restored) -> str | None:
   """How an evaluation's files are named: 'ensemble' for an ensemble (`Workdir.results_file`)."""
   return 'ensemble' if restored.is_ensemble else None
 
 
-def _provenance(restored: inference.Restored) -> dict:
+def _provenance(restored: restoring.Restored) -> dict:
   """Where the params come from, as results.json records it: the step(s) of one model, an ensemble's members."""
   if restored.is_ensemble:
     return {'ensemble': list(restored.origins)}
@@ -149,7 +132,7 @@ def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str
   files.write_atomically(run_dir.results_file(split, config.eval.test_split, tag), json.dumps(results, indent=2))
 
 
-def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -> dict:
+def evaluate_documents(restored: restoring.Restored, workdir: str, split: str) -> dict:
   """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
   byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
   those whose half leaves the model room to continue).
@@ -165,7 +148,7 @@ def evaluate_documents(restored: inference.Restored, workdir: str, split: str) -
   fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < restored.max_len
   examples = [document for document in examples if fits(document)]
   prompts = [_first_half(document) for document in examples]
-  samples = inference.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
+  samples = generation.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
                                        temperature=config.decode.temperature, top_k=config.decode.top_k,
                                        top_p=config.decode.top_p, batch_size=config.decode.batch_size, fit=True)
   results = {**_provenance(restored), 'split': split, 'perplexity': losses['perplexity'],
@@ -235,7 +218,7 @@ def final_report(config, workdir: str) -> dict:
   available = len(manager.all_steps())
   manager.close()
   average = min(config.eval.average_last, available)
-  restored = inference.restore(config, workdir, average_last=average if average > 1 else None)
+  restored = restoring.restore(config, workdir, average_last=average if average > 1 else None)
   results = evaluate_split(restored, workdir, config.eval.test_split)
   if jax.process_index() == 0:
     print(describe(results, config.eval.num_samples), flush=True)

@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer_jax import cpu_backend
 from transformer_jax import ensemble
 from transformer_jax import metrics as metrics_lib
+from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
-from transformer_jax import model as model_lib
 from transformer_jax.model_config import ModelConfig
 
 
@@ -54,13 +55,24 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, ba
                     rng=jax.random.key_data(jax.random.fold_in(rng, 1)))
 
 
-def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules):
-  """Shapes and NamedShardings of the train state, computed without allocating it."""
-  boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
+def _abstract_and_shardings(make_boxed, mesh, rules):
+  """Shapes (with their NamedShardings) and the shardings of the tree `make_boxed()` makes, without allocating it."""
+  boxed = jax.eval_shape(make_boxed)
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed),
                           shardings)
   return abstract, shardings
+
+
+def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules):
+  """Shapes and NamedShardings of the train state, computed without allocating it."""
+  return _abstract_and_shardings(functools.partial(init_state, model, tx, seed, batch_shape), mesh, rules)
+
+
+def abstract_params(model: nn.Module, mesh, rules):
+  """The params' shapes with their NamedShardings on `mesh` (what a checkpoint's params restore onto)."""
+  inputs = model_lib.init_inputs(model.config, (1, 2))
+  return _abstract_and_shardings(lambda: model.init(jax.random.key(0), **inputs)['params'], mesh, rules)[0]
 
 
 def create_sharded_state(model, tx, seed, batch_shape, mesh, rules) -> tuple[TrainState, TrainState]:
@@ -85,7 +97,8 @@ def _micro_batches(batch: dict, count: int) -> dict:
 def _loss_sums_and_grads(model, params, batch, rng, smoothing):
   def loss_fn(p):
     logits = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng})
-    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing, cpu_kernels=model.config.use_cpu_kernels)
+    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing,
+                                     cpu_kernels=cpu_backend.enabled(model.config.cpu_kernels))
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -128,7 +141,7 @@ def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: f
   an ensemble (scored by `ensemble.mean_log_softmax`, as ensemble decoding scores tokens)."""
   log_probs = ensemble.teacher_forced_log_probs(members, model_inputs(batch))
   return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing,
-                                   cpu_kernels=members[0].model.config.use_cpu_kernels)
+                                   cpu_kernels=cpu_backend.enabled(members[0].model.config.cpu_kernels))
 
 
 def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:

@@ -18,7 +18,6 @@ from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
 from transformer_jax import ensemble
-from transformer_jax import optim
 from transformer_jax import preemption
 from transformer_jax import reporting
 from transformer_jax import scoring
@@ -29,42 +28,6 @@ from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
-
-NONFINITE_MODES = ('stop', 'skip')
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The `train` section: the loop's settings and the optimizer's (`optim.default_config`)."""
-  return ml_collections.ConfigDict({
-      'seed': 0,
-      'num_steps': 100_000,
-      **optim.default_config(),
-      'label_smoothing': 0.1,
-      'grad_accum_steps': 1,
-      'on_nonfinite': 'stop',  # 'stop' or 'skip' (the update is never applied either way)
-      'log_every': 100,
-      'eval_every': 1000,
-      'eval_batches': 20,  # validation batches per in-training eval
-      'checkpoint_every': 1000,
-      'keep_checkpoints': 5,  # at least the number averaged at the end (eval.average_last)
-      'async_checkpoints': True,
-      'max_steps_ahead': 2,  # dispatched steps the host may run ahead of the device: how soon a stop is honoured
-      # Compiled programs persist here across runs (train.py; None: jax_compilation_cache beside the workdir).
-      'compilation_cache_dir': ml_collections.config_dict.placeholder(str),
-  })
-
-
-def validate(train: ml_collections.ConfigDict) -> None:
-  optim.validate(train)
-  if train.on_nonfinite not in NONFINITE_MODES:
-    raise ValueError(f'train.on_nonfinite={train.on_nonfinite!r}: use one of {NONFINITE_MODES}.')
-  for key in ('log_every', 'eval_every', 'checkpoint_every', 'grad_accum_steps', 'num_steps', 'eval_batches',
-              'max_steps_ahead'):
-    if train[key] < 1:
-      raise ValueError(f'train.{key} must be >= 1, got {train[key]}.')
-  if not 0.0 <= train.label_smoothing < 1.0:
-    raise ValueError(f'train.label_smoothing must be in [0, 1), got {train.label_smoothing}.')
-
 
 def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str:
   """Where compiled programs persist: `train.compilation_cache_dir`, else `jax_compilation_cache` in the workdir's
@@ -138,7 +101,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   train_cfg = config.train
 
   # --- mesh: every batch size must split over the data-parallel devices
-  mesh, rules = sharding.make_mesh(config.mesh), sharding.rules_from_config(config.mesh)
+  mesh, rules = sharding.mesh_and_rules(config.mesh)
   sharding.check_batches(config, mesh)
 
   # --- input: sentence pairs, or documents for a decoder-only model
@@ -208,7 +171,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   last, window = {}, DispatchWindow(train_cfg.max_steps_ahead)
   if stop.requested(step):  # a signal during start-up: nothing new to save
     report.log(f'stopped before step {step + 1}: nothing was trained; rerun the same command to start.')
-    return {'state': state, 'metrics': {'step': step}, 'tokenizer': tok, 'model': model, 'mesh': mesh}
+    return {'state': state, 'metrics': {'step': step}}
   with sharding.activate(mesh, rules):
     while step < train_cfg.num_steps:
       host_batch = next(train_iter)
@@ -238,4 +201,4 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
         break
   last['step'] = step
   logging.info('training stopped at step %d', step)
-  return {'state': state, 'metrics': last, 'tokenizer': tok, 'model': model, 'mesh': mesh}
+  return {'state': state, 'metrics': last}

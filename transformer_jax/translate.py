@@ -13,8 +13,9 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import config as config_lib
-from transformer_jax import files
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
+from transformer_jax import text_input
 
 _CHECKPOINTS = cli.CheckpointFlags(workdir_required=False)
 _ENGINE = flags.DEFINE_enum('engine', 'jax', ['jax', 'ctranslate2'],
@@ -32,7 +33,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; text comes on standard input.')
   translate = _ctranslate2_engine() if _ENGINE.value == 'ctranslate2' else _jax_engine()  # checks the flags
-  lines = files.text_lines(sys.stdin.buffer.read(), 'standard input')  # line i in, translation i out
+  lines = text_input.read_stdin()  # line i in, translation i out
   sys.stdout.write(''.join(t + '\n' for t in translate(lines)))
 
 
@@ -43,10 +44,10 @@ def _jax_engine():
                      'is an export for --engine=ctranslate2).')
 
   def translate(lines):
-    restored = inference.restore_ensemble([(config_lib.of_run(workdir), workdir, step)
+    restored = restoring.restore_ensemble([(config_lib.of_run(workdir), workdir, step)
                                            for workdir, step in _CHECKPOINTS.runs()],
                                           average_last=_CHECKPOINTS.average_last)
-    return inference.translate_lines(restored, lines, method=_METHOD.value, beam_size=_BEAM.value,
+    return generation.translate_lines(restored, lines, method=_METHOD.value, beam_size=_BEAM.value,
                                      batch_size=_BATCH.value, truncate=_TRUNCATE.value)
 
   return translate

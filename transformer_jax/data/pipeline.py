@@ -34,7 +34,6 @@ in that many grain worker processes (`mp_prefetch`), the way to scale on hosts w
 import bisect
 import functools
 import itertools
-import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -45,29 +44,13 @@ import numpy as np
 from absl import flags, logging
 
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.tokens import EOS_ID, PAD_ID
+from transformer_jax.sections import pipeline as pipeline_section
+from transformer_jax.tokens import EOS_ID
 
 BATCH_KEYS = ('inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
               'inputs_positions', 'targets_positions')
 SIDES = ('inputs', 'targets')
-BATCHINGS = ('packed', 'token_budget')
 Example = dict[str, Any]  # 'inputs' (pairs only), 'targets': int32 token ids incl. EOS; 'index' (train only)
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The `pipeline` section: packed rows of 256 tokens, 128 rows (~25k real tokens per side, like the paper)."""
-  return ml_collections.ConfigDict({
-      'batching': 'packed',  # 'packed' or 'token_budget'
-      'max_length': 256,  # longest sentence kept for training, in tokens incl. EOS
-      'packed_length': 256,  # row length in packed mode (>= max_length)
-      'batch_size': 128,  # packed mode: rows per GLOBAL batch
-      'tokens_per_batch': 25000,  # token_budget mode: GLOBAL rows * bucket length, per side
-      'bucket_boundaries': (8, 16, 24, 32, 48, 64, 96, 128, 192, 256),  # token_budget lengths
-      'batch_multiple': 8,  # global rows per batch are a multiple of this (e.g. device count)
-      'shuffle_seed': 0,  # reshuffled differently (and reproducibly) every epoch
-      'read_threads': 0,  # encoding threads (grain ReadOptions); 0 = inline, least CPU (GIL)
-      'num_workers': 0,  # > 0: processes each running the pipeline on a slice (grain mp_prefetch)
-  })
 
 
 class FilterStats:
@@ -226,18 +209,6 @@ class _BucketBatchIterDataset(grain.IterDataset):
                                 self._batch_sizes)
 
 
-def validate(config: ml_collections.ConfigDict, process_count: int = 1) -> None:
-  """Batching mode, lengths and batch sizes of the `pipeline` section, for `process_count` hosts."""
-  if config.batching not in BATCHINGS:
-    raise ValueError(f'pipeline.batching={config.batching!r}; set it to one of {BATCHINGS}.')
-  if config.max_length < 2:
-    raise ValueError(f'pipeline.max_length={config.max_length}; set it to >= 2 (a token + EOS).')
-  if config.batching == 'packed':
-    _packed_rows(config, process_count)
-  else:
-    bucket_batch_sizes(config, process_count)
-
-
 def batch_shapes(config: ml_collections.ConfigDict, sides=SIDES,
                  process_count: int = 1) -> list[dict[str, tuple[int, int]]]:
   """The global shape of every field of every training batch the `pipeline` section yields on `process_count`
@@ -246,7 +217,7 @@ def batch_shapes(config: ml_collections.ConfigDict, sides=SIDES,
   if config.batching == 'packed':
     row_lengths = [(config.batch_size, config.packed_length)]
   else:
-    row_lengths = list(zip(bucket_batch_sizes(config, process_count), config.bucket_boundaries))
+    row_lengths = list(zip(pipeline_section.bucket_batch_sizes(config, process_count), config.bucket_boundaries))
   keys = [key for key in BATCH_KEYS if key.startswith(tuple(sides))]
   return [{key: shape for key in keys} for shape in row_lengths]
 
@@ -257,49 +228,10 @@ def _check_hosts(process_index: int, process_count: int):
                      ' pass jax.process_index() and jax.process_count().')
 
 
-def _row_multiple(config: ml_collections.ConfigDict, process_count: int) -> int:
-  """Global rows per batch must split over the devices (batch_multiple) and over the hosts."""
-  if config.batch_multiple < 1:
-    raise ValueError(f'pipeline.batch_multiple={config.batch_multiple}; set it to >= 1 (e.g. the'
-                     ' number of data-parallel devices).')
-  return math.lcm(config.batch_multiple, process_count)
-
-
-def bucket_batch_sizes(config: ml_collections.ConfigDict, process_count: int = 1) -> list[int]:
-  """Global rows per batch of each bucket: the most within the token budget, a row multiple."""
-  boundaries = list(config.bucket_boundaries)
-  if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
-    raise ValueError(f'pipeline.bucket_boundaries={boundaries}; set them to increasing positive'
-                     ' lengths.')
-  if boundaries[-1] < config.max_length:
-    raise ValueError(f'pipeline.bucket_boundaries end at {boundaries[-1]} <'
-                     f' pipeline.max_length={config.max_length}; add a bucket >= max_length.')
-  multiple = _row_multiple(config, process_count)
-  sizes = [config.tokens_per_batch // length // multiple * multiple for length in boundaries]
-  if sizes[-1] == 0:
-    raise ValueError(f'pipeline.tokens_per_batch={config.tokens_per_batch} cannot hold {multiple}'
-                     f' rows of the longest bucket ({boundaries[-1]}); set it to >='
-                     f' {multiple * boundaries[-1]}.')
-  return sizes
-
-
-def _packed_rows(config: ml_collections.ConfigDict, process_count: int) -> int:
-  """Rows per host batch in packed mode."""
-  multiple = _row_multiple(config, process_count)
-  if config.batch_size < 1 or config.batch_size % multiple:
-    raise ValueError(f'pipeline.batch_size={config.batch_size} must be a positive multiple of'
-                     f' {multiple} (batch_multiple={config.batch_multiple}, {process_count}'
-                     ' hosts); change pipeline.batch_size.')
-  if config.packed_length < config.max_length:
-    raise ValueError(f'pipeline.packed_length={config.packed_length} <'
-                     f' pipeline.max_length={config.max_length}; set packed_length >= max_length.')
-  return config.batch_size // process_count
-
-
 def _packed_batches(examples: grain.IterDataset, config: ml_collections.ConfigDict, process_count: int,
                     sides: Sequence[str]) -> grain.IterDataset:
   """First-fit packs examples (the sides in `sides`) into rows, one packing group of `rows` rows per host batch."""
-  rows = _packed_rows(config, process_count)
+  rows = pipeline_section.packed_rows(config, process_count)
   length = {key: config.packed_length for key in sides}
   packed = grain.experimental.FirstFitPackIterDataset(
       examples, length_struct=length, num_packing_bins=rows, shuffle_bins=False)
@@ -316,7 +248,7 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]] | Sequence[str], tokeniz
   rows). Drop counts go to `filter_stats` if given. See the module docstring for layouts.
   """
   _check_hosts(process_index, process_count)
-  validate(config, process_count)
+  pipeline_section.validate(config, process_count)
   packed = config.batching == 'packed'
   source = grain.MapDataset.source(pairs)
   if packed:
@@ -335,7 +267,7 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]] | Sequence[str], tokeniz
   else:
     batches = _BucketBatchIterDataset(
         examples, read_options, tuple(config.bucket_boundaries),
-        bucket_batch_sizes(config, process_count)).map(
+        pipeline_section.bucket_batch_sizes(config, process_count)).map(
             functools.partial(_host_rows, process_index=process_index,
                               process_count=process_count))
   if config.num_workers:

@@ -9,7 +9,7 @@ the built-in corpus's English (source) side, one sentence per document; a tfds d
 (`documents='lines'`) or one per paragraph, paragraphs separated by blank lines, lines joined by a space
 (`documents='paragraphs'`). `load(data_config, split, documents)` picks one of the two.
 
-Fields of `data_config` (the config's `data` section; `default_config()` gives them all, `validate` checks them):
+Fields of `data_config` (the config's `data` section; `sections.data` gives their defaults and checks them):
 
 * `source`: where pairs come from: 'builtin' | 'tfds' | 'files'.
 * `builtin_seed`, `builtin_train_size`, `builtin_eval_size` ('builtin'): seed and sizes of the
@@ -48,46 +48,7 @@ import ml_collections
 
 from transformer_jax import files
 from transformer_jax.data import builtin
-
-SOURCES = ('builtin', 'tfds', 'files')
-DOCUMENTS = ('lines', 'paragraphs')
-FILE_SPLITS = ('train', 'validation', 'test')  # the `files` entries of the default config
-_FILE_KEYS = ('source', 'target', 'tsv', 'text')
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The `data` section: the built-in corpus, and empty `files` entries to fill from the command line."""
-  return ml_collections.ConfigDict({
-      'source': 'builtin',
-      'builtin_seed': 0,
-      'builtin_train_size': 200_000,
-      'builtin_eval_size': 2000,
-      'tfds_name': 'wmt14_translate/de-en',
-      'tfds_data_dir': ml_collections.config_dict.placeholder(str),
-      'source_lang': 'en',
-      'target_lang': 'de',
-      'text_key': 'text',
-      'documents': 'lines',
-      'files': {split: {key: ml_collections.config_dict.placeholder(str) for key in _FILE_KEYS}
-                for split in FILE_SPLITS},
-  })
-
-
-def validate(data_config: ml_collections.ConfigDict, splits: Sequence[str], *, paths: bool = True,
-             documents: bool = False) -> None:
-  """The source is known and, for 'files' (when `paths`), each of `splits` names its files: the pair's, or a
-  text file when a decoder-only model reads `documents`."""
-  _check_source(data_config)
-  if data_config.documents not in DOCUMENTS:
-    raise ValueError(f'data.documents={data_config.documents!r} is not one of {DOCUMENTS}.')
-  if data_config.source == 'files' and paths:
-    for split in dict.fromkeys(splits):
-      _file_paths(data_config, split, documents)
-
-
-def _check_source(data_config: ml_collections.ConfigDict) -> None:
-  if data_config.source not in SOURCES:
-    raise ValueError(f'data.source={data_config.source!r} is not one of {SOURCES}.')
+from transformer_jax.sections import data as data_section
 
 
 class PairSequence(collections.abc.Sequence):
@@ -121,14 +82,14 @@ def load_split(data_config: ml_collections.ConfigDict, split: str) -> Sequence[t
 
   'builtin' and 'files' splits are `PairSequence`s (with `skipped_empty`); 'tfds' ones `TfdsTexts`.
   """
-  _check_source(data_config)
+  data_section.check_source(data_config)
   loaders = {'builtin': _load_builtin, 'tfds': _load_tfds, 'files': _load_files}
   return loaders[data_config.source](data_config, split)
 
 
 def load_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequence[str]:
   """The documents of `split` for a language model (see the module docstring); never empty ones."""
-  _check_source(data_config)
+  data_section.check_source(data_config)
   if data_config.source == 'builtin':
     return _load_builtin(data_config, split).sources
   if data_config.source == 'tfds':
@@ -252,29 +213,8 @@ def _tfds_failure(builder: Any, name: str, split: str, error: Exception) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def _file_paths(data_config: ml_collections.ConfigDict, split: str, documents: bool = False) -> dict[str, str]:
-  """{'source': path, 'target': path} or {'tsv': path} of a split ({'text': path} for `documents`), or a
-  one-line error saying what to pass."""
-  entry = data_config.files.get(split)
-  is_mapping = hasattr(entry, 'items')
-  paths = {k: v for k, v in entry.items() if v is not None} if is_mapping else {}
-  got = sorted(paths) if is_mapping else repr(entry)
-  if documents:
-    if set(paths) == {'text'}:
-      return paths
-    raise ValueError(f"data.source='files' for a decoder-only model needs data.files.{split}.text (documents), "
-                     f'got {got}: pass --config.data.files.{split}.text=PATH (one document per line, or per '
-                     "paragraph with --config.data.documents=paragraphs).")
-  if set(paths) in ({'source', 'target'}, {'tsv'}):
-    return paths
-  hint = (f'pass --config.data.files.{split}.source=PATH --config.data.files.{split}.target=PATH '
-                 f'(or --config.data.files.{split}.tsv=PATH; .text is for decoder-only models)')
-  raise ValueError(f"data.source='files' needs data.files.{split}.source and .target (or .tsv), got "
-                   f'{got}: {hint}.')
-
-
 def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
-  paths = _file_paths(data_config, split)
+  paths = data_section.file_paths(data_config, split)
   key = f'files.{split}'
   if set(paths) == {'source', 'target'}:
     source_lines = files.read_text_lines(paths['source'], f'data config key {key}.source')
@@ -299,7 +239,7 @@ def _load_files(data_config: ml_collections.ConfigDict, split: str) -> PairSeque
 
 def _load_text_file(data_config: ml_collections.ConfigDict, split: str) -> list[str]:
   """The documents of a split's text file: its non-blank lines, or its paragraphs (see the module docstring)."""
-  path = _file_paths(data_config, split, documents=True)['text']
+  path = data_section.file_paths(data_config, split, documents=True)['text']
   lines = [line.strip() for line in files.read_text_lines(path, f'data config key files.{split}.text')]
   if data_config.documents == 'lines':
     documents = [line for line in lines if line]

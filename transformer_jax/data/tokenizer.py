@@ -19,22 +19,11 @@ from jax.experimental import multihost_utils
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax import files
-from transformer_jax.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
+from transformer_jax.sections import tokenizer as tokenizer_section
+from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-MODEL_TYPES = ('bpe', 'unigram')
 _MODEL_TYPE_NAMES = {sentencepiece_model_pb2.TrainerSpec.BPE: 'bpe',
                      sentencepiece_model_pb2.TrainerSpec.UNIGRAM: 'unigram'}
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The `tokenizer` section: BPE as in the paper, a vocabulary that trains in seconds on ~100k pairs."""
-  return ml_collections.ConfigDict({
-      'vocab_size': 8000,  # number of pieces incl. the 4 reserved ids; WMT configs use 37000
-      'model_type': 'bpe',  # 'bpe' (paper) or 'unigram'
-      'sample_size': 400_000,  # max sentences (both sides counted; or documents) sampled to train on
-      'seed': 0,  # seeds the choice of the training sample
-      'character_coverage': 1.0,  # keep every character seen in the sample
-  })
 
 
 class Tokenizer:
@@ -91,20 +80,10 @@ def _sample_sentences(train_pairs: Sequence[tuple[str, str]] | Sequence[str], sa
     yield from (item,) if texts_per_item == 1 else item
 
 
-def validate(config: ml_collections.ConfigDict):
-  if config.model_type not in MODEL_TYPES:
-    raise ValueError(f'tokenizer.model_type={config.model_type!r}; set it to one of {MODEL_TYPES}.')
-  if config.vocab_size <= NUM_RESERVED:
-    raise ValueError(f'tokenizer.vocab_size={config.vocab_size} leaves no room besides the'
-                     f' {NUM_RESERVED} reserved ids; set it to e.g. 8000.')
-  if config.sample_size < 2:
-    raise ValueError(f'tokenizer.sample_size={config.sample_size}; set it to at least 2 sentences.')
-
-
 def train_tokenizer(config: ml_collections.ConfigDict,
                     train_pairs: Sequence[tuple[str, str]] | Sequence[str]) -> bytes:
   """Trains a SentencePiece model on a sample of both sides of `train_pairs` (or of documents); returns its bytes."""
-  validate(config)
+  tokenizer_section.validate(config)
   if len(train_pairs) == 0:
     raise ValueError('Cannot train a tokenizer on an empty training split; check the data config.')
   model = io.BytesIO()
@@ -143,7 +122,7 @@ def load_or_train_tokenizer(config: ml_collections.ConfigDict, path: str,
   A saved model whose vocab_size or model_type differs from `config` is an error (the ids a
   checkpoint was trained with must not change). Multi-host runs use `for_training`.
   """
-  validate(config)
+  tokenizer_section.validate(config)
   if os.path.exists(path):
     tokenizer = _read_tokenizer(path)
     saved = (tokenizer.vocab_size, tokenizer.model_type)

@@ -35,9 +35,9 @@ import numpy as np
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
-from transformer_jax import inference
 from transformer_jax.model import sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.sections import decode as decode_section
 from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Weight types of the exported model. CT2 computes in a type the device supports: on a CPU without float16
@@ -53,13 +53,13 @@ def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | 
                        out_dir: str | os.PathLike, quantization: str | None = None, decode=None) -> Path:
   """Writes `params` of a model built from `model_config` (a ModelConfig or the config's `model` section) as a
   CTranslate2 model directory `out_dir` (new or empty; written whole or not at all), for
-  `ctranslate2.Translator(out_dir)`, with the run's `decode` section (default: `inference.default_config()`) in
+  `ctranslate2.Translator(out_dir)`, with the run's `decode` section (default: the section's defaults) in
   SETTINGS_FILE. Returns out_dir."""
   if not isinstance(model_config, ModelConfig):
     model_config = ModelConfig.from_dict(model_config)
   check_exportable(model_config, quantization, out_dir)
   out_dir = Path(out_dir)
-  decode = inference.default_config() if decode is None else decode
+  decode = decode_section.default_config() if decode is None else decode
   settings = {'model': dataclasses.asdict(model_config), 'decode': dict(decode.items())}
   vocabulary = spm_vocabulary(spm_model_path, model_config.vocab_size)
   # Writable float32 copies: CT2 quantizes the arrays it is given in place.

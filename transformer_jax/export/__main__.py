@@ -12,7 +12,7 @@ from absl import flags
 from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import export
-from transformer_jax import inference
+from transformer_jax import restoring
 from transformer_jax.model_config import ModelConfig
 
 _CHECKPOINTS = cli.CheckpointFlags()
@@ -32,7 +32,7 @@ def main(argv):
   config = config_lib.of_run(workdir)
   config.model.scan_layers = False  # the export reads layer by layer: a scanned run's params are converted
   export.check_exportable(ModelConfig.from_dict(config.model), _QUANTIZATION.value, _OUT.value)
-  restored = inference.restore(config, workdir, step=step, average_last=_CHECKPOINTS.average_last)
+  restored = restoring.restore(config, workdir, step=step, average_last=_CHECKPOINTS.average_last)
   out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer.path, _OUT.value,
                                   _QUANTIZATION.value, decode=config.decode)
   print(f'wrote the {_FORMAT.value} model of step(s) {restored.steps} of {workdir} to {out}')

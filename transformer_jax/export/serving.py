@@ -8,7 +8,7 @@ import ctranslate2
 
 from transformer_jax import export
 from transformer_jax import files
-from transformer_jax import inference
+from transformer_jax import text_input
 from transformer_jax.data import pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model_config import ModelConfig
@@ -18,7 +18,7 @@ def translate_lines(model_dir: str, lines: list[str], *, beam_size: int | None =
                     truncate: bool = False) -> list[str]:
   """Translations of `lines` in order (empty lines give empty outputs) by the export in `model_dir`, with the run's
   beam size (unless `beam_size`), alpha as CT2's length_penalty, and the same input and output length limits as
-  `inference.translate_lines` (output: the batch's padded width + max_len_offset)."""
+  `generation.translate_lines` (output: the batch's padded width + max_len_offset)."""
   settings_file = os.path.join(model_dir, export.SETTINGS_FILE)
   if not os.path.isfile(settings_file):
     raise FileNotFoundError(f'{model_dir} holds no {export.SETTINGS_FILE}: pass --model=DIR written by '
@@ -29,7 +29,7 @@ def translate_lines(model_dir: str, lines: list[str], *, beam_size: int | None =
   translator = ctranslate2.Translator(model_dir, device='auto')
 
   def translate(kept: list[str]) -> list[str]:
-    encoded = inference.encode_lines(kept, tok, model.max_len, truncate)
+    encoded = text_input.encode_lines(kept, tok, model.max_len, truncate)
     out = []
     for start in range(0, len(encoded), batch_size):
       batch = encoded[start:start + batch_size]
@@ -41,4 +41,4 @@ def translate_lines(model_dir: str, lines: list[str], *, beam_size: int | None =
       out += [tok.decode([tok.piece_to_id(piece) for piece in result.hypotheses[0]]) for result in results]
     return out
 
-  return inference.translate_nonblank(lines, translate)
+  return text_input.translate_nonblank(lines, translate)

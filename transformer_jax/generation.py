@@ -1,211 +1,26 @@
-"""Inference: restore (or average) params onto any mesh, one model or an ensemble, translate with beam search,
-greedy or sampling, and continue prompts with a language model.
+"""Generating: token ids by beam search, greedy search or sampling with one model or an ensemble, all in one jitted
+program, and the jobs built on it: translating pairs or lines of text, and continuing a language model's prompts.
+Takes a `restoring.Restored`."""
 
-Used by `eval.py` (through `scoring`), by `train.py`'s final report, by `transformer_jax.translate`,
-`transformer_jax.generate` and `transformer_jax.attention_plots`. Never imports the training loop.
-(~420 lines: every tool takes a `Restored` from the first half and hands it to the second — restoring and
-decoding text are the one job of turning a run directory into outputs; split, every caller would import both.)
-"""
-
-import dataclasses
 import functools
 from typing import NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer_jax import checkpoint
 from transformer_jax import decoding
 from transformer_jax import ensemble
-from transformer_jax import layer_layout
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
+from transformer_jax import text_input
 from transformer_jax.data import pipeline
-from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model import LanguageModel, Transformer
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.restoring import Restored
 from transformer_jax.tokens import BOS_ID, EOS_ID
-from transformer_jax.workdir import Workdir
 
 METHODS = ('beam', 'greedy', 'sample')
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The `decode` section: the paper's beam search (§6.1); sampling settings of a language model's samples."""
-  return ml_collections.ConfigDict({
-      'beam_size': 4,
-      'alpha': 0.6,  # length penalty ((5 + length) / 6) ** alpha
-      'max_len_offset': 50,  # max output length = input length + this (§6.1)
-      'batch_size': 64,  # sentences decoded at once (global)
-      'max_new_tokens': 40,  # decoder-only: tokens generated after a prompt
-      'temperature': 1.0,  # decoder-only sampling; 0 = greedy
-      'top_k': 0,  # decoder-only sampling from the k most likely tokens (0 = all)
-      'top_p': 1.0,  # decoder-only nucleus sampling (1.0 = off)
-  })
-
-
-def validate(decode: ml_collections.ConfigDict) -> None:
-  for key, low in (('beam_size', 1), ('max_len_offset', 0), ('batch_size', 1), ('max_new_tokens', 1),
-                   ('temperature', 0), ('top_k', 0)):
-    if decode[key] < low:
-      raise ValueError(f'decode.{key} must be >= {low}, got {decode[key]}.')
-  if decode.alpha < 0:
-    raise ValueError(f'decode.alpha must be >= 0 (beam search stops early only then), got {decode.alpha}.')
-  if not 0.0 < decode.top_p <= 1.0:
-    raise ValueError(f'decode.top_p must be in (0, 1] (1.0 = off), got {decode.top_p}.')
-
-
-@dataclasses.dataclass
-class Restored:
-  """What inference needs: one model or an ensemble (members sharded on `mesh`), the tokenizer they share, and
-  where each member's params come from."""
-
-  config: ml_collections.ConfigDict  # the first member's run: its decode, eval and data settings serve them all
-  members: tuple[ensemble.Member, ...]
-  origins: tuple[dict, ...]  # per member {'workdir', 'steps'}: the checkpoint step(s) of its params (averaged)
-  tokenizer: tokenizer_lib.Tokenizer
-  mesh: jax.sharding.Mesh
-  rules: tuple
-
-  def on_mesh(self):
-    """Traces and runs under this mesh with the logical-axis rules, as training does."""
-    return sharding.activate(self.mesh, self.rules)
-
-  @property
-  def is_ensemble(self) -> bool:
-    return len(self.members) > 1
-
-  def _single(self) -> int:
-    if self.is_ensemble:
-      raise ValueError(f'this takes one model, not an ensemble of {len(self.members)}: pass one --workdir and at '
-                       'most one --step.')
-    return 0
-
-  @property
-  def model(self) -> Transformer | LanguageModel:
-    return self.members[self._single()].model
-
-  @property
-  def params(self) -> dict:
-    return self.members[self._single()].params
-
-  @property
-  def steps(self) -> list[int]:
-    return self.origins[self._single()]['steps']
-
-  @property
-  def max_len(self) -> int:
-    """The longest sequence every member accepts (`model.max_len`)."""
-    return min(m.model.config.max_len for m in self.members)
-
-  @property
-  def position_limit(self) -> int | None:
-    """The most tokens every member's positions cover (`ModelConfig.position_limit`; None: no limit)."""
-    limits = [m.model.config.position_limit for m in self.members if m.model.config.position_limit is not None]
-    return min(limits, default=None)
-
-  def decode_length(self, input_length: int, max_len_offset: int) -> int:
-    """Output tokens allowed for an input of `input_length` tokens by every member (`ModelConfig.decode_length`)."""
-    return min(m.model.config.decode_length(input_length, max_len_offset) for m in self.members)
-
-
-def inference_mesh(config) -> jax.sharding.Mesh:
-  """All of this run's devices in one data-parallel axis: any checkpoint restores onto it."""
-  mesh_cfg = ml_collections.ConfigDict(config.mesh.to_dict())
-  mesh_cfg.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
-  return sharding.make_mesh(mesh_cfg)
-
-
-def abstract_params(model: Transformer | LanguageModel, mesh, rules):
-  """Params' shapes with their NamedShardings on `mesh`, without allocating anything."""
-  inputs = model_lib.init_inputs(model.config, (1, 2))
-  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs)['params'])
-  shardings = sharding.logical_shardings(boxed, mesh, rules)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings)
-
-
-def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,
-            mesh=None) -> Restored:
-  """Params of the latest (or given) step, or the average of the last `average_last` checkpoints."""
-  return restore_ensemble([(config, workdir, step)], average_last=average_last, mesh=mesh)
-
-
-def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Restored:
-  """An ensemble on one inference mesh (the first run's): for each (config, workdir, step) of `runs` the params of
-  that step, of the newest checkpoint that restores (step None) or the average of the newest `average_last`.
-
-  The members may differ in size but not in architecture, and must share the tokenizer (byte-identical
-  SentencePiece models, whose size is every member's vocab_size). One run is one model. A checkpoint written with
-  the other `model.scan_layers` layout is restored in its own and converted.
-  """
-  first_config, first_workdir, _ = runs[0]
-  tok = tokenizer_lib.load_tokenizer(Workdir(first_workdir).tokenizer_model)
-  mesh = mesh or inference_mesh(first_config)
-  rules = sharding.rules_from_config(first_config.mesh)
-  members, origins = [], []
-  for config, workdir, step in runs:
-    _check_same_tokenizer(tok, Workdir(workdir).tokenizer_model)
-    tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
-    model = model_lib.make_model(ModelConfig.from_dict(config.model))
-    if members and model.config.decoder_only != members[0].model.config.decoder_only:
-      raise ValueError(f'{workdir} holds a {model.config.architecture} model and {first_workdir} a '
-                       f'{members[0].model.config.architecture} one: an ensemble\'s members share the architecture.')
-    params, chosen = _restore_params(model, workdir, step, average_last, mesh, rules)
-    logging.info('restored params of steps %s of %s', chosen, workdir)
-    members.append(ensemble.Member(model, params))
-    origins.append({'workdir': workdir, 'steps': chosen})
-  return Restored(first_config, tuple(members), tuple(origins), tok, mesh, rules)
-
-
-def _check_same_tokenizer(tok: tokenizer_lib.Tokenizer, path: str) -> None:
-  if tokenizer_lib.load_tokenizer(path).model_proto != tok.model_proto:
-    raise ValueError(f'{path} and {tok.path} are different SentencePiece models: ensemble only runs trained with '
-                     'the same tokenizer (copy one run\'s tokenizer/spm.model into a new workdir before training it).')
-
-
-def _restore_params(model, workdir: str, step, average_last, mesh, rules):
-  """(params on `mesh` in `model`'s layer layout, the steps they come from) of one run; see `restore_ensemble`."""
-  directory = Workdir(workdir).checkpoints
-  manager = checkpoint.open_existing(directory)
-  target = abstract_params(model, mesh, rules)
-
-  def restore_step(step_: int):
-    """A step's params in this model's layer layout, whichever layout (scanned or not) the run saved."""
-    saved_scanned = layer_layout.is_scanned(checkpoint.saved_params(manager, step_))
-    if saved_scanned == model.config.scan_layers:
-      return checkpoint.restore_params(manager, step_, target)
-    saved_model = model_lib.make_model(model.config.replace(scan_layers=saved_scanned))
-    params = checkpoint.restore_params(manager, step_, abstract_params(saved_model, mesh, rules))
-    return layer_layout.convert_onto(params, target, model.config.scan_layers)
-
-  try:
-    if average_last:
-      return checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), restore_step,
-                                       count=average_last)
-    if step is None:
-      latest, params, _ = checkpoint.restore_newest(manager, restore_step)
-      return params, [latest]
-    if step not in manager.all_steps():
-      raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: {sorted(manager.all_steps())}.')
-    return restore_step(step), [step]
-  finally:
-    manager.close()
-
-
-def save_averaged(restored: Restored, workdir: str) -> str:
-  """Writes averaged params as a params-only checkpoint in the workdir's `averaged` checkpoints (at the last
-  averaged step); returns its directory."""
-  directory = Workdir(workdir).averaged.checkpoints
-  manager = checkpoint.make_manager(directory, async_save=False)
-  checkpoint.save(manager, restored.steps[-1], {'params': restored.params}, force=True)
-  manager.wait_until_finished()
-  manager.close()
-  return f'{directory}/{restored.steps[-1]}'
 
 
 class _Start(NamedTuple):
@@ -345,31 +160,6 @@ def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   return out
 
 
-def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
-                 what: str = 'input line {number}', fix: str = 'shorten it or pass --truncate') -> list[list[int]]:
-  """Token ids with EOS for each line; an over-long line is an error naming it (`what`, `fix`), or cut."""
-  encoded = []
-  for number, line in enumerate(lines, 1):
-    ids = tokenizer.encode(line) + [EOS_ID]
-    if len(ids) > max_len:
-      if not truncate:
-        raise ValueError(f'{what.format(number=number)} has {len(ids)} tokens, more than the model\'s max length '
-                         f'{max_len}: {fix}.')
-      ids = ids[:max_len - 1] + [EOS_ID]
-    encoded.append(ids)
-  return encoded
-
-
-def translate_nonblank(lines: list[str], translate) -> list[str]:
-  """`translate(lines)` of the non-blank lines, put back in order; empty (or blank) lines give empty outputs (as in
-  every translation engine)."""
-  keep = [i for i, line in enumerate(lines) if line.strip()]
-  out = [''] * len(lines)
-  for i, text in zip(keep, translate([lines[i] for i in keep]), strict=True):
-    out[i] = text
-  return out
-
-
 def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam_size=None,
                     batch_size=32, truncate=False) -> list[str]:
   """Translations of `lines` in order; empty (or blank) lines give empty outputs."""
@@ -378,7 +168,7 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
   rows = -(-batch_size // sharding.data_parallel_size(restored.mesh)) * sharding.data_parallel_size(restored.mesh)
 
   def translate(kept: list[str]) -> list[str]:
-    encoded = encode_lines(kept, restored.tokenizer, restored.max_len, truncate)
+    encoded = text_input.encode_lines(kept, restored.tokenizer, restored.max_len, truncate)
     examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
     batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
                                       process_count=jax.process_count())
@@ -388,7 +178,7 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
         out[i] = restored.tokenizer.decode(ids)
     return out
 
-  return translate_nonblank(lines, translate)
+  return text_input.translate_nonblank(lines, translate)
 
 
 def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
