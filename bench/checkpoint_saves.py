@@ -27,17 +27,14 @@ def main():
   import jax  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
   from bench import common  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
-  from transformer_jax import checkpoint, sharding, steps  # pylint: disable=import-outside-toplevel
+  from transformer_jax import checkpoint, run_builder  # pylint: disable=import-outside-toplevel
 
   config = default.get_config()
   if args.config == 'tiny':
     config.model.update(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
     config.model.vocab_size = 200
   config.mesh.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
-  mesh, rules = sharding.mesh_and_rules(config.mesh)
-  model, tx, _ = steps.training_objects(config)
-  state, _ = steps.create_sharded_state(model, tx, 0, (sharding.data_parallel_size(mesh), 8), mesh, rules)
-  state = state.as_dict()
+  state = run_builder.build(config).initial_state().as_dict()
 
   seconds = {True: [], False: []}
   with tempfile.TemporaryDirectory() as root:

@@ -19,9 +19,7 @@ from absl import flags
 
 from bench import common
 from transformer_jax import config as config_lib
-from transformer_jax import sharding
-from transformer_jax import steps
-from transformer_jax.data import pipeline
+from transformer_jax import run_builder
 
 _DEPTHS = flags.DEFINE_string('depths', '2,24', 'Comma-separated layer counts.')
 _ARCHITECTURE = flags.DEFINE_enum('architecture', 'decoder_only', ['decoder_only', 'encoder_decoder'],
@@ -43,16 +41,11 @@ def train_step_config(depth: int, scan_layers: bool, architecture: str):
 def measure(depth: int, scan_layers: bool, architecture: str) -> dict:
   """Seconds to trace and lower, and to compile, the train step; the lowered program's size."""
   config = train_step_config(depth, scan_layers, architecture)
-  mesh, rules = sharding.mesh_and_rules(config.mesh, jax.devices()[:1])
-  model, tx, schedule = steps.training_objects(config)
-  abstract, shardings = steps.abstract_state_and_shardings(model, tx, 0, (ROWS, LENGTH), mesh, rules)
-  sides = ('targets',) if architecture == 'decoder_only' else pipeline.SIDES
-  batch = {key: jax.ShapeDtypeStruct((ROWS, LENGTH), 'int32', sharding=sharding.batch_sharding(mesh))
-           for key in pipeline.BATCH_KEYS if key.startswith(sides)}
-  step = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh)
-  with sharding.activate(mesh, rules):
+  run = run_builder.build(config, jax.devices()[:1])
+  batch = run.abstract_batch({key: (ROWS, LENGTH) for key in run.train_batch_shapes[0]})
+  with run.activate():
     start = time.perf_counter()
-    lowered = step.lower(abstract, batch)
+    lowered = run.train_step.lower(run.abstract_state, batch)
     lowered_at = time.perf_counter()
     lowered.compile()
     compiled_at = time.perf_counter()

@@ -112,16 +112,14 @@ def default_config_training_ratio(seconds: float, rounds: int) -> list[dict]:
   """Pipeline tokens/s vs train-step tokens/s of configs/default.py, alternating the two in each round."""
   import jax  # pylint: disable=import-outside-toplevel
   from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-  from transformer_jax import sharding, steps  # pylint: disable=import-outside-toplevel
+  from transformer_jax import run_builder, sharding  # pylint: disable=import-outside-toplevel
   from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
   config = config_lib.load('configs/default.py')
   pairs = sources.load_split(config.data, 'train')
   with tempfile.TemporaryDirectory() as directory:
     tokenizer = tk.load_or_train_tokenizer(config.tokenizer, os.path.join(directory, 'spm.model'), pairs)
-  mesh, rules = sharding.mesh_and_rules(config.mesh)
-  model, tx, schedule = steps.training_objects(config)
-  state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules)
-  step_fn = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh)
+  run = run_builder.build(config)
+  mesh, state, step_fn = run.mesh, run.initial_state(), run.train_step
   batches = iter(pl.make_train_dataset(pairs, tokenizer, config.pipeline))
   state, metrics = step_fn(state, sharding.place_batch(next(batches), mesh))  # compile
   jax.block_until_ready(metrics)

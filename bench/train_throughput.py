@@ -5,9 +5,9 @@ Configs: `default` (model of configs/default.py; batch and lengths of its pipeli
 16 heads, dropout 0.3), vocab 32000, 32 rows × 64 source and 64 target tokens; float32, Adam(0.9, 0.98, 1e-9),
 label smoothing 0.1, a fixed random batch without padding.
 
-ours:  steps.create_sharded_state on a 1-device mesh ({'data': -1, 'fsdp': 1, 'tensor': 1}) and
-       steps.jit_train_step (donated state), as in trainer.py; `ours_stock` forces model.cpu_kernels=off,
-       `ours_cpu_kernels` forces it on (the default, 'auto', is on only on a CPU).
+ours:  the run as the trainer builds it (run_builder.build: sharded initial state, jitted train step with donated
+       state) on one device; `ours_stock` forces model.cpu_kernels=off, `ours_cpu_kernels` forces it on (the
+       default, 'auto', is on only when the device is a CPU).
 torch: torch.nn.Transformer(batch_first=True, dropout as ours) + a token embedding shared with the output layer
        (×√d_model), sinusoidal positions, causal target mask, cross_entropy(label_smoothing=0.1),
        torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads);
@@ -30,6 +30,7 @@ Examples (repository root): python -m bench.train_throughput --configs=default,b
 """
 
 import argparse
+import dataclasses
 import math
 import os
 import resource
@@ -37,7 +38,6 @@ import time
 
 from bench import common
 from transformer_jax import cpu_backend
-from transformer_jax.sections import mesh as mesh_section
 
 CONFIGS = ('default', 'base', 'big')
 
@@ -100,24 +100,17 @@ class Ours:
     cfg = cfg.replace(cpu_kernels=cpu_kernels) if cpu_kernels else cfg
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-    from transformer_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
-    from transformer_jax.model import Transformer  # pylint: disable=import-outside-toplevel
+    from transformer_jax import run_builder, sharding  # pylint: disable=import-outside-toplevel
 
-    train_cfg = config_lib.base_config().train  # paper schedule, Adam(0.9, 0.98, 1e-9), smoothing 0.1
-    mesh_cfg = mesh_section.default_config()
-    mesh_cfg.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
-    self.mesh, self.rules = sharding.mesh_and_rules(mesh_cfg, jax.devices()[:1])
-    model = Transformer(cfg)
-    schedule = optim.make_schedule(train_cfg, cfg.d_model)
-    tx = optim.make_optimizer(train_cfg, cfg.d_model)
-    batch_shape = (host_batch['inputs'].shape[0], 8)
-    self.state, shardings = steps.create_sharded_state(model, tx, seed, batch_shape, self.mesh, self.rules)
-    self.batch = sharding.place_batch(host_batch, self.mesh)
-    jitted = steps.jit_train_step(model, tx, schedule, train_cfg, shardings, self.mesh)
-    self._context = lambda: sharding.activate(self.mesh, self.rules)
+    config = config_lib.base_config()  # the paper's schedule, Adam(0.9, 0.98, 1e-9) and smoothing 0.1
+    config.model.update(dataclasses.asdict(cfg))
+    config.train.seed = seed
+    run = run_builder.build(config, jax.devices()[:1])  # as the trainer builds it, on one device
+    self.state, self.batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
+    self._context = run.activate
     start = time.perf_counter()
     with self._context():
-      self.compiled = jitted.lower(self.state, self.batch).compile()
+      self.compiled = run.train_step.lower(self.state, self.batch).compile()
     self.compile_s = time.perf_counter() - start
     self._jax = jax
 

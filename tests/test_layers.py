@@ -17,7 +17,7 @@ LAYERS = {
         'transformer_jax.significance', 'transformer_jax.sweep', 'transformer_jax.aot', 'transformer_jax.export',
         'transformer_jax.export.serving'),
     3: ('transformer_jax.restoring', 'transformer_jax.generation'),
-    4: ('transformer_jax.steps', 'transformer_jax.optim', 'transformer_jax.checkpoint', 'transformer_jax.preemption',
+    4: ('transformer_jax.run_builder', 'transformer_jax.steps', 'transformer_jax.optim', 'transformer_jax.checkpoint', 'transformer_jax.preemption',
         'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),
     5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.cpu_backend', 'transformer_jax.metrics',
         'transformer_jax.data.sources', 'transformer_jax.data.builtin', 'transformer_jax.data.tokenizer',

@@ -21,11 +21,9 @@ import time
 import jax
 import ml_collections
 
-from transformer_jax import ensemble
 from transformer_jax import metrics as metrics_lib
+from transformer_jax import run_builder
 from transformer_jax import sharding
-from transformer_jax import steps
-from transformer_jax.data import pipeline
 from transformer_jax.sections import mesh as mesh_section
 
 GiB = 1 << 30
@@ -321,36 +319,22 @@ class Program:
 
 
 def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
-  """What a run of `config` compiles, with abstract sharded arguments on `devices`: the train step for every
-  batch shape (one per token-budget bucket) with the trainer's own builders (same mesh, rules, shardings and
-  donation), and the eval step for the widest evaluation batch."""
-  mesh, rules = sharding.mesh_and_rules(config.mesh, devices)
-  sharding.check_batches(config, mesh)
-  model, tx, schedule = steps.training_objects(config)
-  init_shape = (sharding.data_parallel_size(mesh), 8)
-  abstract, state_shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, init_shape, mesh,
-                                                                 rules)
-  batch_sharding = sharding.batch_sharding(mesh)
-  abstract_batch = lambda shapes: {k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=batch_sharding)
-                                   for k, v in shapes.items()}
-  sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
-  train_step = steps.jit_train_step(model, tx, schedule, config.train, state_shardings, mesh)
-  groups = {'params': abstract.params, 'optimizer': abstract.opt_state}
+  """What a run of `config` compiles, with abstract sharded arguments on `devices`, built as the trainer builds
+  them (`run_builder.build`): the train step for every batch shape (one per token-budget bucket) and the eval step
+  for the widest evaluation batch."""
+  run = run_builder.build(config, devices)
+  groups = {'params': run.abstract_state.params, 'optimizer': run.abstract_state.opt_state}
   programs = []
-  for shapes in pipeline.batch_shapes(config.pipeline, sides):
+  for shapes in run.train_batch_shapes:
     rows, length = next(iter(shapes.values()))
-    programs.append(Program(train_step, (abstract, abstract_batch(shapes)), groups,
-                            metrics_lib.train_flops(model.config, rows, length, length), mesh, rules,
+    programs.append(Program(run.train_step, (run.abstract_state, run.abstract_batch(shapes)), groups,
+                            metrics_lib.train_flops(run.model.config, rows, length, length), run.mesh, run.rules,
                             f'train step, batch {rows}×{length}'))
-  width = -(-model.config.max_len // 16) * 16  # evaluation pads to multiples of 16 (pipeline.make_eval_batches)
-  eval_shapes = {k: (config.eval.batch_size, width) for k in next(iter(pipeline.batch_shapes(config.pipeline,
-                                                                                               sides)))}
-  eval_step = steps.jit_eval_step(config.train.label_smoothing, ensemble.of_one(model, state_shardings.params),
-                                  mesh)
-  programs.append(Program(eval_step, (ensemble.of_one(model, abstract.params), abstract_batch(eval_shapes)),
-                          {'params': abstract.params},
-                          metrics_lib.train_flops(model.config, config.eval.batch_size, width, width) / 3, mesh,
-                          rules, f'eval step, batch {config.eval.batch_size}×{width}'))
+  rows, width = next(iter(run.eval_batch_shape.values()))
+  programs.append(Program(run.eval_step, (run.eval_members, run.abstract_batch(run.eval_batch_shape)),
+                          {'params': run.abstract_state.params},
+                          metrics_lib.train_flops(run.model.config, rows, width, width) / 3, run.mesh, run.rules,
+                          f'eval step, batch {rows}×{width}'))
   return programs
 
 

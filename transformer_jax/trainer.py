@@ -1,6 +1,7 @@
-"""The training loop, in labelled sections: mesh, input, model and state, checkpoints, jitted steps, loop.
+"""The training loop, in labelled sections: the run, input, checkpoints and state, jitted steps, loop.
 
-The math is in `steps.py`; numbers go through `reporting.TrainReport`; stop requests through `preemption`;
+The run's compiled parts (mesh, model, optimizer, state shardings, steps, batch shapes) come from
+`run_builder.build`, as `--compile_only` builds them; the math is in `steps.py`; numbers go through `reporting.TrainReport`; stop requests through `preemption`;
 teacher-forced evaluation through `scoring`; the run directory's layout through `workdir.Workdir`.
 """
 
@@ -11,7 +12,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
@@ -20,13 +20,13 @@ from transformer_jax import checkpoint
 from transformer_jax import ensemble
 from transformer_jax import preemption
 from transformer_jax import reporting
+from transformer_jax import run_builder
 from transformer_jax import scoring
 from transformer_jax import sharding
 from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
 
 def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str:
@@ -58,16 +58,14 @@ class _CompiledSteps:
   length bucket): lowered in turn, compiled in parallel (XLA compiles outside the GIL), the time reported. A
   shape nobody foresaw still compiles when it comes, and is reported as such."""
 
-  def __init__(self, jitted, state, shapes, mesh, report: reporting.TrainReport, step: int):
-    self._jitted, self._report = jitted, report
-    batch_sharding = sharding.batch_sharding(mesh)
+  def __init__(self, run: run_builder.Run, state, report: reporting.TrainReport, step: int):
+    self._jitted, self._report = run.train_step, report
     start = time.time()
-    lowered = {self._key(shape): jitted.lower(state, {k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=batch_sharding)
-                                                      for k, v in shape.items()})
-               for shape in shapes}
+    lowered = {self._key(shape): run.train_step.lower(state, run.abstract_batch(shape))
+               for shape in run.train_batch_shapes}
     with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
       self._compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
-    report.compilation(step, time.time() - start, f'the train step for {len(shapes)} batch shape(s)')
+    report.compilation(step, time.time() - start, f'the train step for {len(lowered)} batch shape(s)')
 
   @staticmethod
   def _key(shapes: dict) -> tuple:
@@ -98,14 +96,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption.StopRequest,
            cleanup: contextlib.ExitStack) -> dict:
-  train_cfg = config.train
-
-  # --- mesh: every batch size must split over the data-parallel devices
-  mesh, rules = sharding.mesh_and_rules(config.mesh)
-  sharding.check_batches(config, mesh)
+  # --- the run: mesh and rules (every batch size checked against them), model, optimizer, abstract sharded state,
+  # jitted steps and batch shapes
+  run = run_builder.build(config)
+  mesh, model, train_cfg = run.mesh, run.model, config.train
 
   # --- input: sentence pairs, or documents for a decoder-only model
-  documents = ModelConfig.from_dict(config.model).decoder_only
+  documents = model.config.decoder_only
   train_pairs = sources.load(config.data, 'train', documents)
   valid_pairs = sources.load(config.data, config.eval.split, documents)
   tok = tokenizer_lib.for_training(config.tokenizer, run_dir.tokenizer_model, train_pairs, config.model.vocab_size)
@@ -113,11 +110,6 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   filter_stats = None if config.pipeline.num_workers else pipeline.FilterStats()
   train_iter = iter(pipeline.make_train_dataset(train_pairs, tok, config.pipeline, process_index=jax.process_index(),
                                                 process_count=jax.process_count(), filter_stats=filter_stats))
-
-  # --- model, optimizer, sharded state
-  model, tx, schedule = steps.training_objects(config)
-  batch_shape = (sharding.data_parallel_size(mesh), 8)  # any shape: params do not depend on it
-  abstract, state_shardings = steps.abstract_state_and_shardings(model, tx, train_cfg.seed, batch_shape, mesh, rules)
 
   # --- checkpoints: resume from the newest that restores
   manager = checkpoint.make_manager(run_dir.checkpoints, save_every=train_cfg.checkpoint_every,
@@ -131,10 +123,10 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
                        f'{train_cfg.num_steps}: nothing to train (nothing was changed); pass a larger '
                        'train.num_steps to continue, or another --workdir.')
     latest, restored, damaged = checkpoint.restore_newest(
-        manager, lambda s: checkpoint.restore_state(manager, s, abstract.as_dict(), train_iter))
+        manager, lambda s: checkpoint.restore_state(manager, s, run.abstract_state.as_dict(), train_iter))
     state = steps.TrainState.from_dict(restored)
   else:
-    state, _ = steps.create_sharded_state(model, tx, train_cfg.seed, batch_shape, mesh, rules)
+    state = run.initial_state()
   if jax.process_index() == 0:
     if damaged:
       logging.warning('set aside damaged checkpoints as %s', checkpoint.set_aside(manager, damaged))
@@ -149,12 +141,9 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   if latest is not None:
     report.log(f'resumed from step {latest} in {run_dir.checkpoints}')
 
-  # --- jitted steps
-  sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
-  with sharding.activate(mesh, rules):
-    train_fn = _CompiledSteps(steps.jit_train_step(model, tx, schedule, train_cfg, state_shardings, mesh), state,
-                              pipeline.batch_shapes(config.pipeline, sides, jax.process_count()), mesh, report, step)
-  eval_fn = steps.jit_eval_step(train_cfg.label_smoothing, ensemble.of_one(model, state_shardings.params), mesh)
+  # --- jitted steps, compiled for every batch shape before the loop
+  with run.activate():
+    train_fn = _CompiledSteps(run, state, report, step)
 
   def check_finite(nonfinite: int):
     if nonfinite and train_cfg.on_nonfinite == 'stop':
@@ -172,7 +161,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   if stop.requested(step):  # a signal during start-up: nothing new to save
     report.log(f'stopped before step {step + 1}: nothing was trained; rerun the same command to start.')
     return {'state': state, 'metrics': {'step': step}}
-  with sharding.activate(mesh, rules):
+  with run.activate():
     while step < train_cfg.num_steps:
       host_batch = next(train_iter)
       state, step_metrics = train_fn(state, sharding.place_batch(host_batch, mesh), step)
@@ -187,7 +176,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
         check_finite(last['nonfinite'])
       if step % train_cfg.eval_every == 0 or final:
         start = time.time()
-        values = scoring.teacher_forced(ensemble.of_one(model, state.params), eval_fn, valid_pairs, tok, mesh,
+        values = scoring.teacher_forced(ensemble.of_one(model, state.params), run.eval_step, valid_pairs, tok, mesh,
                                         config.eval.batch_size, max_batches=train_cfg.eval_batches,
                                         max_length=model.config.position_limit)
         report.evaluation(step, values)
