@@ -21,7 +21,7 @@ LAYERS = {
         'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),
     5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.cpu_backend', 'transformer_jax.metrics',
         'transformer_jax.data.sources', 'transformer_jax.data.builtin', 'transformer_jax.data.tokenizer',
-        'transformer_jax.data.pipeline', 'transformer_jax.text_input'),
+        'transformer_jax.data.pipeline', 'transformer_jax.data.device_feed', 'transformer_jax.text_input'),
     6: ('transformer_jax', 'transformer_jax.data', 'transformer_jax.config', 'transformer_jax.model_config',
         'transformer_jax.sections', 'transformer_jax.tokens', 'transformer_jax.workdir', 'transformer_jax.sharding',
         'transformer_jax.distributed', 'transformer_jax.files', 'transformer_jax.errors'),

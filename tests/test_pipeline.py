@@ -273,3 +273,19 @@ def test_bad_configs_are_one_line_errors(tokenizer, fields, hosts, message):
   with pytest.raises(ValueError, match=message) as error:
     pl.make_train_dataset(PAIRS, tokenizer, config, **hosts)
   assert '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('setting,platform,cores,count', [
+    (pipeline_section.AUTO_WORKERS, 'cpu', 64, 0),  # the training step needs the cores
+    (pipeline_section.AUTO_WORKERS, 'gpu', 16, 14),  # every core but the training process and its dispatch
+    (pipeline_section.AUTO_WORKERS, 'tpu', 2, 1),
+    (0, 'gpu', 16, 0), (3, 'cpu', 2, 3),  # a number is taken as it is
+])
+def test_worker_count(setting, platform, cores, count):
+  assert pipeline_section.worker_count(setting, platform, cores) == count
+
+
+def test_a_negative_worker_count_other_than_auto_is_refused():
+  config = _config('packed', num_workers=-2)
+  with pytest.raises(ValueError, match=r'pipeline\.num_workers=-2; set it to a number of worker processes'):
+    pipeline_section.validate(config)

@@ -27,6 +27,7 @@ import helpers
 from transformer_jax import checkpoint, metrics, preemption, reporting, sharding, steps, trainer
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.sections import pipeline as pipeline_section
 from transformer_jax.workdir import Workdir
 
 # --- loss, accuracy, perplexity
@@ -220,8 +221,9 @@ def test_logs_hold_the_training_metrics(good_run):
   train = helpers.read_metrics(good_run)
   assert [r['step'] for r in train] == [1, 2, 3, 4]
   for key in ('loss', 'nll', 'perplexity', 'accuracy', 'learning_rate', 'grad_norm', 'tokens_per_second',
-              'step_seconds', 'gflops_per_second_per_device', 'nonfinite'):
+              'step_seconds', 'gflops_per_second_per_device', 'nonfinite', 'input_wait_share'):
     assert all(np.isfinite(r[key]) for r in train), key
+  assert all(0 <= r['input_wait_share'] <= 1 for r in train)
   assert all(r['tokens_per_second'] > 0 and r['step_seconds'] > 0 and r['gflops_per_second_per_device'] > 0
              and r['grad_norm'] > 0 for r in train)
   assert all(isinstance(r['dropped_examples'], int) and r['dropped_examples'] >= 0 for r in train)
@@ -244,7 +246,7 @@ def test_logs_hold_the_training_metrics(good_run):
 
 
 @pytest.mark.slow
-def test_with_worker_processes_no_drop_count_is_claimed(tmp_path):
+def test_worker_processes_claim_no_drop_count_and_a_resumed_run_keeps_their_number(tmp_path):
   # The workers filter (and log) on their own copies of the counts; the trainer's copy would read 0.
   workdir = str(tmp_path / 'workers')
   config = helpers.tiny_config(train__num_steps=2, pipeline__num_workers=1)
@@ -253,6 +255,15 @@ def test_with_worker_processes_no_drop_count_is_claimed(tmp_path):
   train = helpers.read_metrics(workdir)
   assert result['metrics']['step'] == 2 and [r['step'] for r in train] == [1, 2]
   assert all(np.isfinite(r['loss']) and 'dropped_examples' not in r for r in train)
+  # The batch sequence depends on the number of workers: resumed with num_workers=-1 (which on CPU devices alone
+  # would choose none, and could not restore the workers' position), the run keeps the one it started with.
+  config = helpers.tiny_config(train__num_steps=4)
+  assert config.pipeline.num_workers == pipeline_section.AUTO_WORKERS
+  with helpers.absl_flags_parsed(True):
+    result = trainer.train_and_evaluate(config, workdir)
+  train = helpers.read_metrics(workdir)
+  assert result['metrics']['step'] == 4 and [r['step'] for r in train] == [1, 2, 3, 4]
+  assert all('dropped_examples' not in r for r in train) and Workdir(workdir).load_config().pipeline.num_workers == 1
 
 
 def _copy_run(good_run, tmp_path):

@@ -61,7 +61,7 @@ class TrainReport:
     self._reset()
 
   def _reset(self):
-    self._pending, self._tokens, self._flops, self._window_start = [], 0, 0.0, time.time()
+    self._pending, self._tokens, self._flops, self._waited, self._window_start = [], 0, 0.0, 0.0, time.time()
 
   def log(self, message: str):
     if self._lead:
@@ -71,12 +71,14 @@ class TrainReport:
     """Leaves `seconds` (a compilation, an evaluation) out of the current throughput window."""
     self._window_start += seconds
 
-  def add(self, step_metrics: dict, host_batch: dict):
-    """One finished step: its (on-device) metrics and this host's batch (tokens counted, FLOPs estimated).
+  def add(self, step_metrics: dict, host_batch: dict, waited: float):
+    """One finished step: its (on-device) metrics, this host's batch (tokens counted, FLOPs estimated) and the
+    seconds the loop waited for that batch.
 
     Tokens are those of both sides of a translation batch, of the 'targets' of a language model's.
     """
     self._pending.append(step_metrics)
+    self._waited += waited
     sides = [host_batch[key] for key in pipeline.SIDES if key in host_batch]
     self._tokens += sum(int(np.count_nonzero(side)) for side in sides) * jax.process_count()
     rows, target_len = host_batch['targets'].shape
@@ -102,6 +104,7 @@ class TrainReport:
         'learning_rate': float(fetched[-1]['learning_rate']),
         'nonfinite': int(sum(int(m['nonfinite']) for m in fetched)),
         'step_seconds': elapsed / len(fetched),
+        'input_wait_share': min(self._waited / elapsed, 1.0),  # of the window, the loop waiting for batches
         'tokens_per_second': self._tokens / elapsed,
         'gflops_per_second_per_device': self._flops / elapsed / devices / 1e9,
     })
@@ -115,7 +118,7 @@ class TrainReport:
     speed = f'mfu {100 * out["mfu"]:.1f}%' if self._peak else f'{out["gflops_per_second_per_device"]:.1f} GFLOP/s/dev'
     self.log(f'step {step}/{self._num_steps}  loss {out["loss"]:.4f}  nll {out["nll"]:.4f}  '
              f'lr {out["learning_rate"]:.2e}  {out["tokens_per_second"]:,.0f} tok/s  {speed}  '
-             f'ETA {format_duration(eta)}')
+             f'input wait {100 * out["input_wait_share"]:.0f}%  ETA {format_duration(eta)}')
     self._reset()
     return out
 

@@ -22,11 +22,12 @@ from transformer_jax import preemption
 from transformer_jax import reporting
 from transformer_jax import run_builder
 from transformer_jax import scoring
-from transformer_jax import sharding
 from transformer_jax import steps
+from transformer_jax.data import device_feed
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.sections import pipeline as pipeline_section
 from transformer_jax.workdir import Workdir
 
 def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str:
@@ -106,6 +107,11 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   train_pairs = sources.load(config.data, 'train', documents)
   valid_pairs = sources.load(config.data, config.eval.split, documents)
   tok = tokenizer_lib.for_training(config.tokenizer, run_dir.tokenizer_model, train_pairs, config.model.vocab_size)
+  # The batch sequence depends on the number of worker processes: a resumed run keeps the one it started with.
+  if config.pipeline.num_workers == pipeline_section.AUTO_WORKERS:
+    started = run_dir.load_config().get('pipeline', {}).get('num_workers') if run_dir.has_config() else None
+    auto = started in (None, pipeline_section.AUTO_WORKERS)
+    config.pipeline.num_workers = pipeline.num_workers(config.pipeline) if auto else started
   # With worker processes the filter counts live (and are logged) in the workers: no metric claims them here.
   filter_stats = None if config.pipeline.num_workers else pipeline.FilterStats()
   train_iter = iter(pipeline.make_train_dataset(train_pairs, tok, config.pipeline, process_index=jax.process_index(),
@@ -154,19 +160,21 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
 
   def save():
     check_finite(report.nonfinite())
-    checkpoint.save(manager, step, state.as_dict(), train_iter, force=True)
+    checkpoint.save(manager, step, state.as_dict(), feed.position(), force=True)
 
   # --- loop
   last, window = {}, DispatchWindow(train_cfg.max_steps_ahead)
   if stop.requested(step):  # a signal during start-up: nothing new to save
     report.log(f'stopped before step {step + 1}: nothing was trained; rerun the same command to start.')
     return {'state': state, 'metrics': {'step': step}}
+  feed = device_feed.DeviceFeed(train_iter, mesh)  # batches on the devices ahead of the step
+  cleanup.callback(feed.close)
   with run.activate():
     while step < train_cfg.num_steps:
-      host_batch = next(train_iter)
-      state, step_metrics = train_fn(state, sharding.place_batch(host_batch, mesh), step)
+      batch = next(feed)
+      state, step_metrics = train_fn(state, batch.device, step)
       step += 1
-      report.add(step_metrics, host_batch)
+      report.add(step_metrics, batch.host, batch.waited)
       window.add(step_metrics['loss'])
       checkpoint.check_saves(manager)  # an asynchronous save that failed stops the run here
       stop_requested = stop.requested(step)

@@ -28,17 +28,20 @@ Iterator state (`it.get_state()` / `it.set_state(...)`, JSON-serializable, saved
 
 Parallelism: `read_threads` threads encode examples; `num_workers` > 0 runs the whole pipeline
 in that many grain worker processes (`mp_prefetch`), the way to scale on hosts with many cores
-(the batch sequence then depends on num_workers, so keep it fixed across a run's restarts).
+(the batch sequence then depends on num_workers: a run keeps the number it started with, see
+`sections.pipeline.worker_count` for what -1, the default, chooses).
 """
 
 import bisect
 import functools
 import itertools
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import grain
+import jax
 import ml_collections
 import numpy as np
 from absl import flags, logging
@@ -238,6 +241,12 @@ def _packed_batches(examples: grain.IterDataset, config: ml_collections.ConfigDi
   return packed.batch(rows).map(functools.partial(_packed_batch, rows=rows))
 
 
+def num_workers(config: ml_collections.ConfigDict) -> int:
+  """The worker processes this host runs the `pipeline` section with (`sections.pipeline.worker_count` for this
+  host's devices and cores)."""
+  return pipeline_section.worker_count(config.num_workers, jax.local_devices()[0].platform, os.cpu_count() or 1)
+
+
 def make_train_dataset(pairs: Sequence[tuple[str, str]] | Sequence[str], tokenizer: Tokenizer,
                        config: ml_collections.ConfigDict, *, process_index: int = 0,
                        process_count: int = 1, num_epochs: int | None = None,
@@ -270,11 +279,12 @@ def make_train_dataset(pairs: Sequence[tuple[str, str]] | Sequence[str], tokeniz
         pipeline_section.bucket_batch_sizes(config, process_count)).map(
             functools.partial(_host_rows, process_index=process_index,
                               process_count=process_count))
-  if config.num_workers:
+  workers = num_workers(config)
+  if workers:
     if not flags.FLAGS.is_parsed():
-      raise ValueError(f'pipeline.num_workers={config.num_workers} needs parsed absl flags (grain'
+      raise ValueError(f'pipeline.num_workers={workers} needs parsed absl flags (grain'
                        ' reads them): run under absl.app.run or call flags.FLAGS.mark_as_parsed().')
-    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.num_workers))
+    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
   return batches
 
 

@@ -6,6 +6,7 @@ import math
 import ml_collections
 
 BATCHINGS = ('packed', 'token_budget')
+AUTO_WORKERS = -1  # pipeline.num_workers: as many worker processes as `worker_count` finds right for the host
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -20,7 +21,7 @@ def default_config() -> ml_collections.ConfigDict:
       'batch_multiple': 8,  # global rows per batch are a multiple of this (e.g. device count)
       'shuffle_seed': 0,  # reshuffled differently (and reproducibly) every epoch
       'read_threads': 0,  # encoding threads (grain ReadOptions); 0 = inline, least CPU (GIL)
-      'num_workers': 0,  # > 0: processes each running the pipeline on a slice (grain mp_prefetch)
+      'num_workers': AUTO_WORKERS,  # processes each running the pipeline on a slice (grain mp_prefetch); 0: none
   })
 
 
@@ -30,10 +31,22 @@ def validate(config: ml_collections.ConfigDict, process_count: int = 1) -> None:
     raise ValueError(f'pipeline.batching={config.batching!r}; set it to one of {BATCHINGS}.')
   if config.max_length < 2:
     raise ValueError(f'pipeline.max_length={config.max_length}; set it to >= 2 (a token + EOS).')
+  if config.num_workers < AUTO_WORKERS:
+    raise ValueError(f'pipeline.num_workers={config.num_workers}; set it to a number of worker processes, 0 (none: '
+                     f'the training process reads) or {AUTO_WORKERS} (as many as the host suits).')
   if config.batching == 'packed':
     packed_rows(config, process_count)
   else:
     bucket_batch_sizes(config, process_count)
+
+
+def worker_count(num_workers: int, platform: str, host_cores: int) -> int:
+  """`pipeline.num_workers` as a count of worker processes. AUTO_WORKERS: none when the run's devices are CPUs
+  (workers would take cores from the training step), else every host core but two (the training process and its
+  dispatch), at least one: an accelerator's step outruns one process that decodes, packs and batches."""
+  if num_workers != AUTO_WORKERS:
+    return num_workers
+  return 0 if platform == 'cpu' else max(1, host_cores - 2)
 
 
 def _row_multiple(config: ml_collections.ConfigDict, process_count: int) -> int:
