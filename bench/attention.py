@@ -21,6 +21,7 @@ import numpy as np
 
 from bench import common
 from transformer_jax import attention
+from transformer_jax import attention_masks
 
 IMPLEMENTATIONS = ('reference', 'dot_product', 'chunked')
 
@@ -29,7 +30,7 @@ def make_inputs(length, batch, heads, d_k, seed=0):
   rng = np.random.default_rng(seed)
   q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, d_k)), jnp.float32) for _ in range(3))
   valid = jnp.broadcast_to(jnp.arange(length)[None] < length - length // 8, (batch, length))
-  return q, k, v, attention.MaskSpec(q_valid=valid, kv_valid=valid, causal=True)
+  return q, k, v, attention_masks.MaskSpec(q_valid=valid, kv_valid=valid, causal=True)
 
 
 def forward_backward(implementation, spec, chunk_size):

@@ -8,12 +8,17 @@ warm-up and prints one JSON line per measurement and a short table at the end. C
              back with sources.load_split (source='files') or, without sources.py, line by line
 Example: python -m bench.data_throughput --corpus=synthetic --num_pairs=200000 --seconds=10
 
+The pipeline section's defaults are the paper's batch (~25k tokens a side). With --workers_for=TOKENS_PER_S (the
+source + target tokens/s a chip's training step consumes, e.g. the H100's base step in bench/RESULTS.md) each row
+also says how many worker processes at this measured rate per worker would keep that chip fed.
+
 --against_training measures instead, in interleaved rounds of one process, the default config's own pipeline
 (built-in corpus, its tokenizer and batch layout) against the real tokens/s its jitted training step consumes,
 and reports the ratio (the loader must deliver >= 5x what training consumes).
 """
 
 import argparse
+import math
 import os
 import tempfile
 import time
@@ -151,6 +156,8 @@ def main():
   parser.add_argument('--num_workers', type=int, default=0)
   parser.add_argument('--seconds', type=float, default=10.0)
   parser.add_argument('--warmup_batches', type=int, default=20)
+  parser.add_argument('--workers_for', type=float, default=None,
+                      help='source + target tokens/s a chip consumes: report the workers it needs')
   parser.add_argument('--against_training', action='store_true')
   parser.add_argument('--rounds', type=int, default=3)
   args = parser.parse_args()
@@ -183,11 +190,15 @@ def main():
       result = {'corpus': args.corpus, 'pairs': len(pairs), 'read_threads': args.read_threads,
                 'num_workers': args.num_workers,
                 **measure(pairs, tokenizer, config, args.seconds, args.warmup_batches)}
+      result['source_target_tokens_per_s_per_worker'] = result['source_target_tokens_per_s'] / max(args.num_workers, 1)
+      if args.workers_for:
+        result['workers_needed'] = math.ceil(args.workers_for / result['source_target_tokens_per_s_per_worker'])
       common.emit(result)
       results.append(result)
 
-  columns = ('batching', 'target_tokens_per_s', 'source_target_tokens_per_s', 'examples_per_s',
-             'batches_per_s', 'target_fill', 'target_tokens_per_process_cpu_s')
+  columns = ('batching', 'num_workers', 'target_tokens_per_s', 'source_target_tokens_per_s',
+             'source_target_tokens_per_s_per_worker', 'examples_per_s', 'batches_per_s', 'target_fill',
+             'target_tokens_per_process_cpu_s') + (('workers_needed',) if args.workers_for else ())
   print('\n' + common.markdown_table(list(columns), [[r[c] for c in columns] for r in results]))
 
 if __name__ == '__main__':

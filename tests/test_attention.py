@@ -1,4 +1,5 @@
-"""The three attention implementations agree on every mask form, and masks mean what they say."""
+"""The XLA attention implementations agree on every mask form, with attention dropout too; masks mean what they
+say; and `attention.serving` picks the implementation the rules name."""
 
 import itertools
 
@@ -7,7 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_jax import aot
 from transformer_jax import attention
+from transformer_jax import attention_masks
+from transformer_jax import model_config
 
 
 def _random_case(seed, batch=2, q_len=13, k_len=13, heads=3, d_k=8, d_v=8, segments=False, causal=False):
@@ -22,8 +26,8 @@ def _random_case(seed, batch=2, q_len=13, k_len=13, heads=3, d_k=8, d_v=8, segme
   if segments:
     kwargs['q_segment'] = np.where(q_valid, 1 + (np.arange(q_len)[None] >= q_len // 2), 0).astype(np.int32)
     kwargs['kv_segment'] = np.where(kv_valid, 1 + (np.arange(k_len)[None] >= k_len // 2), 0).astype(np.int32)
-  spec = attention.MaskSpec(q_valid=jnp.asarray(q_valid), kv_valid=jnp.asarray(kv_valid), causal=causal,
-                            **{n: jnp.asarray(a) for n, a in kwargs.items()})
+  spec = attention_masks.MaskSpec(q_valid=jnp.asarray(q_valid), kv_valid=jnp.asarray(kv_valid), causal=causal,
+                                  **{n: jnp.asarray(a) for n, a in kwargs.items()})
   return q, k, v, spec
 
 
@@ -45,13 +49,13 @@ def _naive_mask(spec):
 @pytest.mark.parametrize('segments,causal', [(False, False), (False, True), (True, False), (True, True)])
 def test_full_mask_matches_definition(segments, causal):
   _, _, _, spec = _random_case(0, segments=segments, causal=causal)
-  np.testing.assert_array_equal(attention.full_mask(spec), _naive_mask(spec))
+  np.testing.assert_array_equal(attention_masks.full_mask(spec), _naive_mask(spec))
 
 
 def test_causal_offset_mask():
-  spec = attention.MaskSpec(q_valid=jnp.ones((1, 1), bool), kv_valid=jnp.ones((1, 6), bool), causal=True,
+  spec = attention_masks.MaskSpec(q_valid=jnp.ones((1, 1), bool), kv_valid=jnp.ones((1, 6), bool), causal=True,
                             q_offset=3)
-  np.testing.assert_array_equal(attention.full_mask(spec)[0, 0, 0], [True] * 4 + [False] * 2)
+  np.testing.assert_array_equal(attention_masks.full_mask(spec)[0, 0, 0], [True] * 4 + [False] * 2)
 
 
 @pytest.mark.parametrize('segments,causal', [(False, False), (False, True), (True, False), (True, True)])
@@ -107,3 +111,78 @@ def test_unknown_implementation_is_an_error():
   q, k, v, spec = _random_case(6)
   with pytest.raises(ValueError, match='unknown attention implementation'):
     attention.attend(q, k, v, spec, implementation='flash')
+
+
+# --- attention dropout: drawn block by block, the same weights whichever implementation computes them
+
+RATE = 0.3
+
+
+def _dropped_reference(q, k, v, spec, rng, block: int):
+  """softmax(QK^T/sqrt(d)) with its mask, times the dropout factors of `attention.dropout_scale` laid out in
+  [block × block] tiles (padded up to whole tiles), then · V: the chunked path's arithmetic, on the full matrix."""
+  scores = jnp.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
+  mask = attention_masks.full_mask(spec)
+  weights = jax.nn.softmax(jnp.where(mask, scores, attention_masks.NEG), axis=-1) * jnp.any(mask, -1, keepdims=True)
+  b, h, lq, lk = weights.shape
+  nq, nk = -(-lq // block), -(-lk // block)
+  rows = [jnp.concatenate([attention.dropout_scale(rng, RATE, i, j, (b, h, block, block)) for j in range(nk)], -1)
+          for i in range(nq)]
+  factors = jnp.concatenate(rows, axis=-2)[:, :, :lq, :lk]
+  return jnp.einsum('bhqk,bkhd->bqhd', weights * factors, v)
+
+
+@pytest.mark.parametrize('chunk', [4, 64])
+def test_chunked_attention_dropout_is_the_full_matrix_dropout_block_by_block(chunk):
+  q, k, v, spec = _random_case(7, segments=True, causal=True)
+  rng = jax.random.key(3)
+  out = attention.attend(q, k, v, spec, implementation='chunked', chunk_size=chunk, dropout_rate=RATE,
+                         dropout_rng=rng)
+  expected = _dropped_reference(q, k, v, spec, rng, min(chunk, q.shape[1]))
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
+  assert not np.allclose(out, attention.attend(q, k, v, spec, implementation='chunked', chunk_size=chunk))
+  if chunk >= q.shape[1]:  # one block: the reference implementation draws the same bits
+    reference = attention.attend(q, k, v, spec, implementation='reference', dropout_rate=RATE, dropout_rng=rng)
+    np.testing.assert_allclose(out, reference, atol=2e-5, rtol=2e-5)
+
+
+def test_chunked_attention_dropout_gradients_follow_the_same_weights():
+  q, k, v, spec = _random_case(8, segments=True, causal=True)
+  rng = jax.random.key(4)
+  chunked = lambda q, k, v: jnp.sum(jnp.sin(attention.attend(q, k, v, spec, implementation='chunked', chunk_size=4,
+                                                             dropout_rate=RATE, dropout_rng=rng)))
+  dense = lambda q, k, v: jnp.sum(jnp.sin(_dropped_reference(q, k, v, spec, rng, 4)))
+  for got, want in zip(jax.grad(chunked, argnums=(0, 1, 2))(q, k, v), jax.grad(dense, argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(got, want, atol=5e-5, rtol=5e-5)
+
+
+# --- which implementation serves a call
+
+
+def _tpu_mesh():
+  return jax.sharding.Mesh(np.asarray(aot.topology_devices('v4-8')), ('data',),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def test_the_table_holds_every_configurable_implementation():
+  assert set(model_config.ATTENTIONS) == {'auto', *attention.IMPLEMENTATIONS}
+
+
+def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel_cannot_serve():
+  q, k, v, spec = _random_case(9)
+  self_spec = attention_masks.MaskSpec.self_attention(spec.q_valid, causal=True)
+  decoding = spec.replace(q_offset=jnp.int32(3))
+  serving = attention.serving
+  assert serving('auto', spec, q, v, dropout=False) == 'reference'  # a CPU: today's XLA path
+  assert serving('auto', spec, q, v, dropout=True) == 'chunked'  # dropout without the O(n²) weights
+  with jax.set_mesh(_tpu_mesh()):  # compiling for a TPU on this CPU host
+    assert serving('auto', self_spec, q, v, dropout=False) == 'flash_tpu'
+    assert serving('auto', spec, q, v, dropout=False) == 'flash_tpu'  # cross-attention: segment ids per side
+    assert serving('auto', decoding, q, v, dropout=False) == 'reference'  # a cached prefix: no kernel's mask
+    assert serving('auto', self_spec, q, v, dropout=True) == 'chunked'
+  assert serving('flash_gpu', self_spec, q, v, dropout=False) == 'flash_gpu'
+  assert serving('flash_gpu', spec, q, v, dropout=False) == 'dot_product'  # one segment-id array: self only
+  d_v = v[..., :4]
+  assert serving('flash_gpu', spec, q, d_v, dropout=False) == 'reference'  # and dot_product needs d_k == d_v
+  assert serving('dot_product', spec, q, v, dropout=True) == 'chunked'  # dropout where the choice has none
+  assert serving('chunked', decoding, q, v, dropout=False) == 'reference'

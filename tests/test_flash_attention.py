@@ -1,6 +1,6 @@
 """The Pallas flash-attention kernels agree with 'reference', forward and gradients, on every mask form.
 
-Run on a CPU in Pallas interpret mode (`attention.interpret_kernels`). That the TPU kernel also compiles for a
+Run on a CPU in Pallas interpret mode (`flash_attention.interpret_kernels`). That the TPU kernel also compiles for a
 real TPU inside the train step is tested in test_aot.py.
 """
 
@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention
+from transformer_jax import attention_masks
+from transformer_jax import flash_attention
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.sections import mesh as mesh_section
@@ -44,11 +46,11 @@ def _case(name, seed=0, batch=2, heads=2, d_k=8):
     segment = None
     if c['segments']:
       segment = jnp.asarray(np.stack([_segments(q_len, n, (7, 5, 8)) for n in q_lens]))
-    return q, k, v, attention.MaskSpec.self_attention(q_valid, segment, causal=c['causal'])
+    return q, k, v, attention_masks.MaskSpec.self_attention(q_valid, segment, causal=c['causal'])
   # Packed cross-attention: row 1's third target segment has no source segment, so its queries see no key.
   q_segment = jnp.asarray(np.stack([_segments(q_len, q_lens[0], (4, 5)), _segments(q_len, q_lens[1], (2, 2, 2))]))
   kv_segment = jnp.asarray(np.stack([_segments(k_len, k_lens[0], (9, 8)), _segments(k_len, k_lens[1], (6, 6))]))
-  return q, k, v, attention.MaskSpec(q_valid=q_valid, kv_valid=kv_valid, q_segment=q_segment,
+  return q, k, v, attention_masks.MaskSpec(q_valid=q_valid, kv_valid=kv_valid, q_segment=q_segment,
                                      kv_segment=kv_segment, causal=c['causal'])
 
 
@@ -72,13 +74,13 @@ def test_kernel_matches_reference(implementation, case):
   q, k, v, spec = _case(case)
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
   expected = _output_and_grads('reference', q, k, v, spec, cotangent)
-  with attention.interpret_kernels():
+  with flash_attention.interpret_kernels():
     # The GPU kernel takes one segment-id array for both sides: cross-attention goes to 'dot_product'.
     assert _runs_a_kernel(implementation, q, k, v, spec) == (implementation == 'flash_tpu' or spec.sides_match)
     jitted_out, grads = _output_and_grads(implementation, q, k, v, spec, cotangent)
     # Also op by op: there the kernels give fully masked rows uniform weights (jitted, XLA happens to give 0).
     eager_out = attention.attend(q, k, v, spec, implementation=implementation)
-  no_key = ~np.asarray(attention.full_mask(spec)).any(axis=-1)[:, 0]
+  no_key = ~np.asarray(attention_masks.full_mask(spec)).any(axis=-1)[:, 0]
   assert no_key.any()
   for out in (jitted_out, eager_out):
     np.testing.assert_allclose(out, expected[0], atol=2e-5, rtol=2e-5)
@@ -94,7 +96,7 @@ def test_kernel_runs_per_device_block_on_a_mesh(implementation):
   q, k, v, spec = _case('packed_causal')
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   expected = attention.attend(q, k, v, spec, implementation='reference')
-  with attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
+  with flash_attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
     jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
     assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr
     out = jax.jit(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec)
@@ -103,8 +105,8 @@ def test_kernel_runs_per_device_block_on_a_mesh(implementation):
 
 def test_cached_decoding_falls_back_to_reference():
   q, k, v, _ = _case('causal')
-  spec = attention.MaskSpec(q_valid=jnp.ones(q.shape[:2], bool), kv_valid=jnp.ones(k.shape[:2], bool), causal=True,
-                            q_offset=jnp.int32(3))
+  spec = attention_masks.MaskSpec(q_valid=jnp.ones(q.shape[:2], bool), kv_valid=jnp.ones(k.shape[:2], bool),
+                                  causal=True, q_offset=jnp.int32(3))
   for implementation in ('flash_tpu', 'flash_gpu'):
     assert not _runs_a_kernel(implementation, q, k, v, spec)
     np.testing.assert_array_equal(attention.attend(q, k, v, spec, implementation=implementation),
@@ -154,7 +156,7 @@ def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
     return jax.jit(lambda p: (model.apply({'params': p}, **batch), jax.grad(loss)(p)))(params)
 
   expected = logits_and_grads('reference')
-  with attention.interpret_kernels():
+  with flash_attention.interpret_kernels():
     model = Transformer(config.replace(attention=implementation))
     assert 'pallas_call' in str(jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params))
     got = logits_and_grads(implementation)

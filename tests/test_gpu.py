@@ -12,6 +12,7 @@ import pytest
 
 import helpers
 from transformer_jax import attention
+from transformer_jax import attention_masks
 from transformer_jax import sharding
 from transformer_jax import steps
 
@@ -26,7 +27,7 @@ def test_cudnn_fused_attention_agrees_with_the_reference():
   lengths = np.array([128, 100, 64, 7])
   valid = jnp.asarray(np.arange(length)[None] < lengths[:, None])
   for causal in (False, True):
-    spec = attention.MaskSpec(q_valid=valid, kv_valid=valid, causal=causal)
+    spec = attention_masks.MaskSpec(q_valid=valid, kv_valid=valid, causal=causal)
     assert attention._cudnn_applicable(q, k, spec)  # pylint: disable=protected-access
     fused = jax.jit(lambda a, b, c, s=spec: attention.attend(a, b, c, s, implementation='dot_product'))
     assert 'cudnn' in fused.lower(q, k, v).compile().as_text().lower()  # the fused kernel, not XLA's path

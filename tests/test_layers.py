@@ -19,7 +19,8 @@ LAYERS = {
     3: ('transformer_jax.restoring', 'transformer_jax.generation'),
     4: ('transformer_jax.run_builder', 'transformer_jax.steps', 'transformer_jax.optim', 'transformer_jax.checkpoint', 'transformer_jax.preemption',
         'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),
-    5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.cpu_backend', 'transformer_jax.metrics',
+    5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.flash_attention',
+        'transformer_jax.attention_masks', 'transformer_jax.cpu_backend', 'transformer_jax.metrics',
         'transformer_jax.data.sources', 'transformer_jax.data.builtin', 'transformer_jax.data.tokenizer',
         'transformer_jax.data.pipeline', 'transformer_jax.data.device_feed', 'transformer_jax.text_input'),
     6: ('transformer_jax', 'transformer_jax.data', 'transformer_jax.config', 'transformer_jax.model_config',
@@ -34,11 +35,14 @@ def _module_name(path: pathlib.Path) -> str:
   return name.removesuffix('.__init__')
 
 
+SHARED_FLOORS = ('transformer_jax.data.builtin', 'transformer_jax.sections')  # packages whose modules share its floor
+
+
 def _floor(module: str) -> int:
-  """A module's floor; a package's modules (data.builtin.*, sections.*) share their package's."""
-  while module not in FLOOR:
-    module = module.rpartition('.')[0]
-  return FLOOR[module]
+  """A module's floor (a module of a SHARED_FLOORS package: its package's); a module not placed is an error."""
+  package = next((p for p in SHARED_FLOORS if module.startswith(p + '.')), module)
+  assert package in FLOOR, f'{module} has no floor: place it in LAYERS (and in the README\'s picture)'
+  return FLOOR[package]
 
 
 def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:

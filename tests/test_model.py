@@ -206,11 +206,33 @@ def test_dropout_is_active_in_training_only():
   assert np.max(np.abs(np.asarray(a - det))) > 1e-3 and np.max(np.abs(np.asarray(a - b))) > 1e-3
 
 
+def test_attention_dropout_with_auto_attention_trains_as_the_reference_does():
+  """With attention dropout 'auto' runs the chunked path (no O(n²) weights kept); for sentences within one chunk
+  it draws the reference's dropout bits, so training computes the same loss and gradients."""
+  cfg = TINY.replace(attention_dropout=0.2, relu_dropout=0.1)
+  inputs, targets = _tokens(0, (2, 6)), _tokens(1, (2, 7))
+  _, params = _init(cfg, inputs, targets)
+
+  def loss(implementation, rate=cfg.attention_dropout):
+    model = Transformer(cfg.replace(attention=implementation, attention_dropout=rate))
+    return lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, inputs, targets, deterministic=False,
+                                                 rngs={'dropout': jax.random.key(5)})))
+
+  loss_and_grads = lambda implementation: jax.value_and_grad(loss(implementation))(params)
+  assert 'scan[' in str(jax.make_jaxpr(loss('auto'))(params))  # the chunked path's scan over key blocks
+  assert 'scan[' not in str(jax.make_jaxpr(loss('reference'))(params))
+  auto, reference = loss_and_grads('auto'), loss_and_grads('reference')
+  assert abs(float(auto[0]) - float(loss('auto', rate=0.0)(params))) > 1e-3  # the attention dropout acts
+  np.testing.assert_allclose(auto[0], reference[0], rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(auto[1]), jax.tree.leaves(reference[1])):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)  # float32, as test_remat_gives_the_same_gradients
+
+
 @pytest.mark.parametrize('bad,match', [
     (dict(d_model=30, num_heads=4), 'not divisible'),
     (dict(norm='sandwich'), 'model.norm'),
     (dict(attention='dot_product', d_k=4), 'd_k == d_v'),
-    (dict(attention='chunked', attention_dropout=0.1), 'attention_dropout'),
+    (dict(attention='dot_product', attention_dropout=0.1), 'attention_dropout'),
     (dict(dropout=1.0), 'model.dropout'),
 ])
 def test_bad_model_configs_are_clear_errors(bad, match):

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention
+from transformer_jax import attention_masks
 from transformer_jax import cpu_backend
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
@@ -125,7 +126,7 @@ class MultiHeadAttention(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x_q, x_kv, spec: attention.MaskSpec, decode_index=None):
+  def __call__(self, x_q, x_kv, spec: attention_masks.MaskSpec, decode_index=None):
     cfg = self.config
     heads_k, heads_v = (cfg.num_heads, cfg.head_dim_k), (cfg.num_heads, cfg.head_dim_v)
     in_names = ('embed', 'heads', 'kv')
@@ -169,7 +170,7 @@ class MultiHeadAttention(nn.Module):
     cached_k.value = update(cached_k.value, k)
     cached_v.value = update(cached_v.value, v)
     cached_valid.value = update(cached_valid.value, spec.kv_valid)
-    spec = attention.MaskSpec(q_valid=spec.q_valid, kv_valid=cached_valid.value, causal=True, q_offset=decode_index)
+    spec = attention_masks.MaskSpec(q_valid=spec.q_valid, kv_valid=cached_valid.value, causal=True, q_offset=decode_index)
     return cached_k.value, cached_v.value, spec
 
 
@@ -285,7 +286,7 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segment_ids=None, *, deterministic=True):
     cfg = self.config
-    spec = attention.MaskSpec.self_attention(inputs > 0, inputs_segment_ids)
+    spec = attention_masks.MaskSpec.self_attention(inputs > 0, inputs_segment_ids)
     x = Embedder(cfg, self.embedding, name='embedder')(
         inputs, _positions_or_default(inputs, inputs_positions), deterministic=deterministic)
     x = _layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, spec, deterministic=deterministic)
@@ -315,8 +316,8 @@ class Decoder(nn.Module):
         if targets_positions is None:
           targets_positions = _positions_or_default(decoder_inputs, None) + decode_index
         index.value = decode_index + decoder_inputs.shape[1]
-    self_spec = attention.MaskSpec.self_attention(target_valid, targets_segment_ids, causal=True)
-    cross_spec = None if cfg.decoder_only else attention.MaskSpec(
+    self_spec = attention_masks.MaskSpec.self_attention(target_valid, targets_segment_ids, causal=True)
+    cross_spec = None if cfg.decoder_only else attention_masks.MaskSpec(
         q_valid=target_valid, kv_valid=inputs > 0, q_segment=targets_segment_ids, kv_segment=inputs_segment_ids)
     y = Embedder(cfg, self.embedding, name='embedder')(
         decoder_inputs, _positions_or_default(decoder_inputs, targets_positions), deterministic=deterministic)

@@ -11,7 +11,7 @@ import numpy as np
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 POSITIONAL = ('sinusoidal', 'learned')
 NORMS = ('post', 'pre')
-ATTENTIONS = ('reference', 'dot_product', 'chunked', 'flash_tpu', 'flash_gpu')
+ATTENTIONS = ('auto', 'reference', 'dot_product', 'chunked', 'flash_tpu', 'flash_gpu')  # attention.serving
 REMATS = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16, 'float16': np.float16}
 CPU_KERNELS = ('auto', 'on', 'off')  # 'auto': on when the run's devices are CPUs (cpu_backend.enabled)
@@ -38,7 +38,7 @@ class ModelConfig:
   share_embeddings: bool = True  # source, target and pre-softmax weights tied (§3.4)
   norm: str = 'post'
   layer_norm_epsilon: float = 1e-6
-  attention: str = 'reference'
+  attention: str = 'auto'  # by the platform compiled for: attention.serving
   attention_chunk_size: int = 512  # query and key block length of 'chunked'
   remat: str = 'none'
   scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
@@ -74,10 +74,10 @@ class ModelConfig:
           "use model.attention='reference' or 'chunked'.")
     if self.positional == 'sinusoidal' and self.d_model % 2:
       raise ValueError(f'sinusoidal positions need an even model.d_model, got {self.d_model}.')
-    if self.attention_dropout > 0 and self.attention != 'reference':
+    if self.attention_dropout > 0 and self.attention not in ('auto', 'reference', 'chunked'):
       raise ValueError(
-          f"model.attention_dropout={self.attention_dropout} needs model.attention='reference' "
-          f"(the '{self.attention}' implementation has no dropout on attention weights).")
+          f"model.attention_dropout={self.attention_dropout} needs model.attention='auto', 'chunked' or "
+          f"'reference' (the '{self.attention}' implementation has no dropout on attention weights).")
 
   @property
   def decoder_only(self) -> bool:

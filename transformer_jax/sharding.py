@@ -36,8 +36,8 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
 def target_platform() -> str:
   """The platform ('cpu', 'gpu', 'tpu') of the devices of the mesh being traced or run under (`activate`), so that
   a program compiled on a CPU host for a TPU makes the TPU's choices; the default backend's outside a mesh."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return mesh.abstract_device.platform if mesh.axis_names else jax.default_backend()
+  device = jax.sharding.get_abstract_mesh().abstract_device
+  return device.platform if device is not None else jax.default_backend()
 
 
 def mesh_and_rules(mesh_config: ml_collections.ConfigDict, devices=None) -> tuple[Mesh, tuple]:

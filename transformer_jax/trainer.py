@@ -30,6 +30,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.sections import pipeline as pipeline_section
 from transformer_jax.workdir import Workdir
 
+
 def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str:
   """Where compiled programs persist: `train.compilation_cache_dir`, else `jax_compilation_cache` in the workdir's
   parent (shared by the runs of a sweep, which compile the same programs)."""

@@ -1,0 +1,78 @@
+"""Attention masks: which keys each query may attend to (padding, causal, packed segments, a cached prefix),
+described compactly by `MaskSpec` and turned into boolean blocks on demand, so that no implementation needs a
+materialised [q, k] mask unless it asks for one."""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+NEG = -1e30  # finite "minus infinity": keeps exp() and max() free of NaNs on fully masked rows
+
+
+@flax.struct.dataclass
+class MaskSpec:
+  """Which keys each query may attend to.
+
+  A query i and key j are connected iff both are valid, they share a segment id (when segments are given),
+  and, if `causal`, j <= i + q_offset (q_offset > 0 when queries continue a cached prefix).
+  """
+
+  q_valid: jax.Array  # [batch, q] bool
+  kv_valid: jax.Array  # [batch, k] bool
+  q_segment: jax.Array | None = None  # [batch, q] int; packed rows
+  kv_segment: jax.Array | None = None  # [batch, k] int
+  q_offset: jax.Array | int | None = None  # None: 0, and known to be 0 through jit and remat (an int 0 is traced)
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  # True when queries and keys are the same positions with the same validity and segments (self-attention),
+  # set by `self_attention`; the GPU kernel takes one segment-id array for both sides and needs to know.
+  shared_sides: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @classmethod
+  def self_attention(cls, valid, segment=None, causal=False) -> 'MaskSpec':
+    """Queries and keys are the same tokens: one validity and one segment array serve both sides."""
+    return cls(q_valid=valid, kv_valid=valid, q_segment=segment, kv_segment=segment, causal=causal,
+               shared_sides=True)
+
+  @property
+  def has_segments(self) -> bool:
+    return self.q_segment is not None
+
+  @property
+  def has_offset(self) -> bool:
+    """Queries may start after key 0 (cached decoding): anything but None or a literal 0."""
+    return self.q_offset is not None and not (isinstance(self.q_offset, int) and self.q_offset == 0)
+
+  @property
+  def sides_match(self) -> bool:
+    """Statically known to describe queries and keys alike (declared, or the very same arrays)."""
+    return self.shared_sides or (self.q_valid is self.kv_valid and self.q_segment is self.kv_segment)
+
+
+def mask_block(spec: MaskSpec, q_start, q_len: int, k_start, k_len: int) -> jax.Array:
+  """The boolean mask [batch, 1, q_len, k_len] of queries q_start.. against keys k_start.."""
+  q_valid = jax.lax.dynamic_slice_in_dim(spec.q_valid, q_start, q_len, axis=1)
+  kv_valid = jax.lax.dynamic_slice_in_dim(spec.kv_valid, k_start, k_len, axis=1)
+  mask = q_valid[:, :, None] & kv_valid[:, None, :]
+  if spec.has_segments:
+    q_seg = jax.lax.dynamic_slice_in_dim(spec.q_segment, q_start, q_len, axis=1)
+    kv_seg = jax.lax.dynamic_slice_in_dim(spec.kv_segment, k_start, k_len, axis=1)
+    mask &= q_seg[:, :, None] == kv_seg[:, None, :]
+  if spec.causal:
+    q_idx = q_start + (0 if spec.q_offset is None else spec.q_offset) + jnp.arange(q_len)
+    k_idx = k_start + jnp.arange(k_len)
+    mask &= (k_idx[None, :] <= q_idx[:, None])[None]
+  return mask[:, None]
+
+
+def full_mask(spec: MaskSpec) -> jax.Array:
+  return mask_block(spec, 0, spec.q_valid.shape[1], 0, spec.kv_valid.shape[1])
+
+
+def any_key(spec: MaskSpec, dtype):
+  """[b, q, 1, 1]: 1 for queries that may attend to some key, 0 for the others (whose output must be 0).
+
+  A reduction over the boolean mask, which XLA can fuse with building it; the fused kernels cannot tell, since a
+  fully masked row softmaxes to uniform weights over its masked keys.
+  """
+  return jnp.any(full_mask(spec), axis=-1)[:, 0, :, None, None].astype(dtype)
