@@ -11,3 +11,11 @@ def one_line(error: BaseException) -> str:
   if len(lines) > 2:
     lines = [lines[0], lines[-1]]
   return ' '.join(lines) or type(error).__name__
+
+
+def root_cause(error: BaseException) -> BaseException:
+  """The innermost exception of a chain (`raise ... from`, or raised while handling another): the one that says
+  what failed, under the wrappers of orbax, tensorstore or asyncio."""
+  while (inner := error.__cause__ or (None if error.__suppress_context__ else error.__context__)) is not None:
+    error = inner
+  return error

@@ -36,8 +36,9 @@ def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str
   return train.compilation_cache_dir or os.path.join(os.path.dirname(os.path.abspath(workdir)), 'jax_compilation_cache')
 
 
-class NonFiniteLossError(RuntimeError):
-  pass
+class NonFiniteLossError(FloatingPointError):
+  """The loss, gradients or update went non-finite (train.on_nonfinite='stop'): one line naming the step and the
+  checkpoint to resume from (an ArithmeticError: cli.run reports it without a traceback)."""
 
 
 class DispatchWindow:
@@ -155,8 +156,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
     if nonfinite and train_cfg.on_nonfinite == 'stop':
       raise NonFiniteLossError(
           f'non-finite loss, gradients or update by step {step} ({nonfinite} updates skipped); stopping without '
-          f'saving. The last good checkpoint is step {manager.latest_step()}; lower the learning rate or set '
-          'train.on_nonfinite=skip.')
+          f'saving; {checkpoint.last_good(manager)}. Lower the learning rate or set train.on_nonfinite=skip.')
 
   def save():
     check_finite(report.nonfinite())
