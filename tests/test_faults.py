@@ -15,6 +15,8 @@ import time
 import pytest
 
 import helpers
+from transformer_jax import config as config_lib
+from transformer_jax import inference
 from transformer_jax import trainer
 from transformer_jax.data import sources
 from transformer_jax.workdir import Workdir
@@ -132,18 +134,43 @@ def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_p
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
-def test_a_truncated_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path, uninterrupted,
-                                                                                   four_steps):
+def test_a_checkpoint_whose_data_files_are_cut_is_skipped_by_eval_and_set_aside_by_train(tmp_path, uninterrupted,
+                                                                                        four_steps, entry_points):
+  """The reported case, end to end: the newest step's OCDBT data files cut to 10 bytes."""
   workdir = _copy(four_steps, tmp_path)
   damaged = os.path.join(Workdir(workdir).checkpoints, '4')
-  helpers.damage_checkpoint(damaged)
+  helpers.damage_checkpoint(damaged, 'process_data_files', size=10)
   digest = helpers.tree_digest(damaged)
+  result = entry_points.run(['eval.py', f'--workdir={workdir}'], text=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'checkpoint step 4 in' in result.stderr and 'does not restore' in result.stderr
+  assert 'restored params of steps [2]' in result.stderr
+  assert helpers.tree_digest(damaged) == digest  # evaluation changes nothing
   run = _Run(workdir)
   assert run.finish() == 0, run.output[-3000:]
   assert 'checkpoint step 4 in' in run.output and 'does not restore' in run.output
   assert f'resumed from step 2 in {Workdir(workdir).checkpoints}' in run.output
   assert helpers.tree_digest(damaged + '.damaged') == digest  # kept as it was, under another name
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
+
+
+@pytest.mark.parametrize('kind', sorted(helpers.CHECKPOINT_FILES))
+def test_damage_to_any_file_of_a_checkpoint_falls_back_to_the_one_before(kind, tmp_path, uninterrupted, four_steps,
+                                                                        caplog):
+  """Each kind of file cut to 10 bytes: evaluation's restore (eval.py's) and training's resume (train.py's, here
+  in-process) both name step 4 and use step 2; training sets step 4 aside unchanged and repeats the losses."""
+  workdir = _copy(four_steps, tmp_path)
+  damaged = os.path.join(Workdir(workdir).checkpoints, '4')
+  helpers.damage_checkpoint(damaged, kind, size=10)
+  digest = helpers.tree_digest(damaged)
+  assert inference.restore(config_lib.of_run(workdir), workdir).steps == [2]
+  trainer.train_and_evaluate(helpers.tiny_config(**{**RUN, 'train__num_steps': 5}), workdir)
+  checkpoints = Workdir(workdir).checkpoints
+  assert caplog.text.count(f'checkpoint step 4 in {checkpoints} does not restore') == 2
+  assert caplog.text.count(f'restored step 2 of {checkpoints}: the newer checkpoint(s) [4] are damaged') == 2
+  assert helpers.tree_digest(damaged + '.damaged') == digest
+  losses = helpers.losses_by_step(workdir)
+  assert {step: losses[step] for step in (3, 4, 5)} == {step: uninterrupted[1][step] for step in (3, 4, 5)}
 
 
 def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps):

@@ -155,8 +155,8 @@ def _reading(manager: ocp.CheckpointManager, step: int):
   except (CheckpointMismatchError, DamagedCheckpointError):
     raise
   except Exception as e:  # pylint: disable=broad-except  # orbax and tensorstore raise many kinds, some bare
-    raise DamagedCheckpointError(f'checkpoint step {step} in {manager.directory} does not restore '
-                                 f'({one_line(root_cause(e))})') from e
+    reason = re.sub(r"\s*\[tensorstore_spec='.*'\]", '', one_line(root_cause(e)))  # its whole spec: noise here
+    raise DamagedCheckpointError(f'checkpoint step {step} in {manager.directory} does not restore ({reason})') from e
 
 
 def _check_small_files(manager: ocp.CheckpointManager, step: int) -> None:
