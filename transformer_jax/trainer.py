@@ -86,11 +86,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        stop: preemption.StopRequest | None = None) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the state and last metrics.
 
-  stop: the stop request whose signal handlers train.py installed at the start of `main` (else one is made here).
+  stop: the stop request whose signal handlers train.py installed before its imports (else one is made here).
   """
   run_dir = Workdir(workdir)
   run_dir.ensure_writable(jax.process_index())
-  with contextlib.ExitStack() as cleanup:  # report, checkpoints and signal handlers are released on any exit
+  with contextlib.ExitStack() as cleanup:  # the workdir, report, checkpoints and signal handlers: released on exit
+    if jax.process_index() == 0:  # the other processes of a run share its workdir
+      cleanup.enter_context(run_dir.exclusive())
     if stop is None:
       stop = cleanup.enter_context(preemption.StopRequest(multi_process=jax.process_count() > 1))
     return _train(config, run_dir, stop, cleanup)
