@@ -1,6 +1,10 @@
 """How an error reads in one line, for the one-line messages every tool prints."""
 
 
+class MissingDependencyError(ImportError):
+  """An optional package that a feature needs is not installed; the message says what to install."""
+
+
 def one_line(error: BaseException) -> str:
   """An exception's own words on one line: the innermost of nested exceptions (ml_collections wraps KeyErrors
   in AttributeErrors), a multi-line message as its first and last lines (a traceback ends with the error)."""
