@@ -26,6 +26,14 @@ from transformer_jax import files
 _REMOVED_KEYS = {'train': ('reuse_host_memory',)}  # now train.py --host_memory
 
 
+def _is_file(fd: int, path: str) -> bool:
+  """Whether the open file `fd` is the file at `path` now."""
+  try:
+    return os.path.samestat(os.fstat(fd), os.stat(path))
+  except FileNotFoundError:
+    return False
+
+
 class WorkdirInUseError(OSError):
   """Another training process holds the workdir (a double launch)."""
 
@@ -93,19 +101,27 @@ class Workdir:
   @contextlib.contextmanager
   def exclusive(self):
     """Held by one training process at a time, so that two runs never write one workdir's checkpoints: a second
-    is refused in one line naming the first. The OS releases the lock when its holder exits, however it exits."""
-    fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    is refused in one line naming the first. The OS releases the lock when its holder exits, however it exits; a
+    holder that exits normally also removes the file."""
+    while True:
+      fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:
         holder = os.pread(fd, 256, 0).decode(errors='replace').strip() or 'a process that is starting'
+        os.close(fd)
         raise WorkdirInUseError(f'workdir {self.path} is in use by another training run ({holder}): wait for it to '
                                 'finish or stop it, or pass another --workdir.') from None
+      if _is_file(fd, self.lock_file):
+        break
+      os.close(fd)  # locked a file that its holder removed as it finished: lock the current one
+    try:
       os.ftruncate(fd, 0)
       os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()}'.encode(), 0)
       yield
     finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(self.lock_file)
       os.close(fd)
 
   def ensure_writable(self, process_index: int = 0) -> None:
