@@ -17,7 +17,7 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import inference
+from transformer_jax import restoring
 from transformer_jax import trainer
 from transformer_jax.data import sources
 from transformer_jax.workdir import Workdir
@@ -192,7 +192,7 @@ def test_damage_to_any_file_of_a_checkpoint_falls_back_to_the_one_before(kind, t
   damaged = os.path.join(Workdir(workdir).checkpoints, '4')
   helpers.damage_checkpoint(damaged, kind, size=10)
   digest = helpers.tree_digest(damaged)
-  assert inference.restore(config_lib.of_run(workdir), workdir).steps == [2]
+  assert restoring.restore(config_lib.of_run(workdir), workdir).steps == [2]
   trainer.train_and_evaluate(helpers.tiny_config(**{**RUN, 'train__num_steps': 5}), workdir)
   checkpoints = Workdir(workdir).checkpoints
   assert caplog.text.count(f'checkpoint step 4 in {checkpoints} does not restore') == 2

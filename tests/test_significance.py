@@ -206,7 +206,7 @@ def test_a_results_json_scored_on_other_sentences_stops_evaluation_before_it_dec
   paths = scoring.write_translations(Workdir(str(tmp_path / 'baseline')), baseline_split, {'hyp': theirs, 'ref': theirs})
   baseline = tmp_path / 'baseline' / 'results.json'
   baseline.write_text(json.dumps({'split': baseline_split, 'translations': paths}), encoding='utf-8')
-  restored = inference.restore(config, workdir)
+  restored = restoring.restore(config, workdir)
   with pytest.raises(ValueError) as error:
     scoring.evaluate_split(restored, workdir, 'validation', significance.Comparison(str(baseline)))
   assert str(error.value) == (f'{baseline} was scored on other sentences than this evaluation (reference 1 there: '
