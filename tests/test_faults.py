@@ -13,9 +13,11 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import helpers
+from transformer_jax import checkpoint
 from transformer_jax import config as config_lib
 from transformer_jax import restoring
 from transformer_jax import trainer
@@ -161,6 +163,17 @@ def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_p
   run = _Run(workdir)
   assert run.finish() == 0, run.output[-3000:]
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
+
+
+def test_a_stopped_run_names_only_a_step_that_is_finished_on_disk(tmp_path):
+  """What the full-disk and non-finite messages name: never a save in flight (orbax's in-memory latest step) nor
+  None when there is no checkpoint yet."""
+  manager = checkpoint.make_manager(str(tmp_path / 'checkpoints'), async_save=False)
+  assert checkpoint.last_good(manager) == 'no checkpoint has been saved yet'
+  checkpoint.save(manager, 2, {'step': np.int32(2)})
+  (tmp_path / 'checkpoints' / '4.orbax-checkpoint-tmp-1').mkdir()  # what a save of step 4 in flight leaves
+  assert checkpoint.last_good(manager) == 'the last good checkpoint is step 2'
+  manager.close()
 
 
 def test_a_checkpoint_whose_data_files_are_cut_is_skipped_by_eval_and_set_aside_by_train(tmp_path, uninterrupted,
