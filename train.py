@@ -1,16 +1,22 @@
 """Trains a Transformer: python train.py --config=configs/default.py --workdir=DIR [--config.key=value ...]."""
 
-import os
-
-import jax
-from absl import app
-from absl import flags
-from absl import logging
-
-from transformer_jax import cli
-from transformer_jax import cpu_backend
-from transformer_jax import distributed
 from transformer_jax import preemption
+
+# First, before the heavy imports: from here until the process exits, SIGTERM/SIGINT ask the run to save and stop.
+_STOP = preemption.StopRequest.for_this_process()
+
+# pylint: disable=wrong-import-position
+import os  # noqa: E402
+
+import jax  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+
+from transformer_jax import cli  # noqa: E402
+from transformer_jax import cpu_backend  # noqa: E402
+from transformer_jax import distributed  # noqa: E402
+# pylint: enable=wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 _CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:arguments]).')
@@ -27,6 +33,9 @@ _TOPOLOGY = flags.DEFINE_string('topology', None, 'The TPU slice for --compile_o
 distributed.define_flags()
 flags.register_validator('compile_only', lambda on: not on or _TOPOLOGY.value,
                          message='--compile_only needs --topology (e.g. --topology=v4-32).')
+flags.register_validator('topology', lambda topology: topology is None or _COMPILE_ONLY.value,
+                         message='--topology names the TPU slice that --compile_only compiles for; a run trains on '
+                         'the devices it has: add --compile_only, or drop --topology.')
 
 
 def compile_only(config) -> None:
@@ -45,26 +54,28 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.key=value.')
   if _COMPILE_ONLY.value:
+    _STOP.hand_back()  # nothing to save: a signal ends the compilation as it would any program
     return compile_only(_CONFIG.value)
-  with preemption.StopRequest(multi_process=distributed.requested()) as stop:  # from here to the final report
-    reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
-    reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
-    distributed.initialize_from_flags()
-    from transformer_jax import config, scoring, trainer  # pylint: disable=import-outside-toplevel
-    config.validate(_CONFIG.value)
-    logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
-    if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR, if set, wins
-      jax.config.update('jax_compilation_cache_dir', trainer.compilation_cache_dir(_CONFIG.value.train, _WORKDIR.value))
-    logging.info('compilation cache: %s', jax.config.jax_compilation_cache_dir)
-    result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop)
-    if result['metrics'].get('step') != _CONFIG.value.train.num_steps:
-      return
-    try:
-      with stop.raising():  # training is saved: a signal now ends the report, not the run's work
-        scoring.final_report(_CONFIG.value, _WORKDIR.value)
-    except preemption.StopRequested as signal:
-      logging.warning('stopped during the final evaluation (%s): training is saved at step %d; evaluate it with '
-                      'python eval.py --workdir=%s', signal, result['metrics']['step'], _WORKDIR.value)
+  if distributed.requested():
+    _STOP.hand_back(multi_process=True)
+  reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
+  reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
+  distributed.initialize_from_flags()
+  from transformer_jax import config, scoring, trainer  # pylint: disable=import-outside-toplevel
+  config.validate(_CONFIG.value)
+  logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
+  if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR, if set, wins
+    jax.config.update('jax_compilation_cache_dir', trainer.compilation_cache_dir(_CONFIG.value.train, _WORKDIR.value))
+  logging.info('compilation cache: %s', jax.config.jax_compilation_cache_dir)
+  result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _STOP)
+  if result['metrics'].get('step') != _CONFIG.value.train.num_steps:
+    return
+  try:
+    with _STOP.raising():  # training is saved: a signal now ends the report, not the run's work
+      scoring.final_report(_CONFIG.value, _WORKDIR.value)
+  except preemption.StopRequested as signal:
+    logging.warning('stopped during the final evaluation (%s): training is saved at step %d; evaluate it with '
+                    'python eval.py --workdir=%s', signal, result['metrics']['step'], _WORKDIR.value)
 
 
 if __name__ == '__main__':

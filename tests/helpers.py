@@ -6,6 +6,7 @@ built-in corpus of a few thousand pairs.
 """
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -162,11 +163,26 @@ def truncate(path: str) -> None:
     f.truncate(os.path.getsize(path) // 2)
 
 
-def damage_checkpoint(step_directory: str) -> None:
-  """Truncates every file of a checkpoint's state item (its arrays and their metadata)."""
-  for root, _, names in os.walk(os.path.join(step_directory, 'state')):
-    for name in names:
-      truncate(os.path.join(root, name))
+# The files of a checkpoint step that damage can hit, by kind (globs inside the step's directory).
+CHECKPOINT_FILES = {
+    'state': 'state/**/*',  # everything of the state item at once
+    'metadata': 'state/_METADATA',
+    'manifest': 'state/manifest.ocdbt',
+    'data_files': 'state/d/*',  # the OCDBT data files: the root database's
+    'process_data_files': 'state/ocdbt.process_0/d/*',  # and this process's
+    'iterator': 'data/*.json',
+    'step_metadata': '_CHECKPOINT_METADATA',
+}
+
+
+def damage_checkpoint(step_directory: str, kind: str = 'state', size: int | None = None) -> None:
+  """Truncates the files of one kind (`CHECKPOINT_FILES`) of a checkpoint step: in half, or to `size` bytes."""
+  paths = [p for p in glob.glob(os.path.join(step_directory, CHECKPOINT_FILES[kind]), recursive=True)
+           if os.path.isfile(p)]
+  assert paths, f'no {kind} files in {step_directory}'
+  for path in paths:
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2 if size is None else size)
 
 
 def tree_digest(directory: str) -> dict[str, str]:

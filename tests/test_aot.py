@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from transformer_jax import aot
+from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import sharding
 
@@ -138,10 +139,10 @@ def test_topology_names():
     aot.get_topology('v4-7')
 
 
-def test_missing_libtpu_says_how_to_install_it(monkeypatch):
+def test_missing_libtpu_says_how_to_install_it_in_one_line(monkeypatch):
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else real(name, *a))
-  with pytest.raises(RuntimeError, match=rf'pip install "jax\[tpu\]=={jax.__version__}"'):
+  with pytest.raises(cli.USER_ERRORS, match=rf'pip install "jax\[tpu\]=={jax.__version__}"'):
     aot.topology_devices('v6e-4')
 
 

@@ -265,6 +265,12 @@ def _run(entry_points, args, stdin=None):
     (['train.py', '--workdir=W', '--config=CFG/none.py'], 'get_config() returned NoneType'),
     (['train.py', '--workdir=W', '--config=CFG/noget.py'], 'defines no get_config()'),
     (['train.py', '--workdir=W', '--config=CFG/syntax.py'], 'line 1: syntax error'),
+    (['train.py', '--workdir=W', '--config=CFG/noarg.py:runlocal'],
+     "CFG/noarg.py: get_config() takes no argument, but CFG/noarg.py:runlocal passes 'runlocal'."),
+    (['train.py', '--workdir=W', '--config=configs/default.py:run_local'], "unknown config argument(s) ['run_local']"),
+    (['train.py', '--workdir=W', '--topology=v4-8'],
+     'flag --topology=v4-8: --topology names the TPU slice that --compile_only compiles for'),
+    (['train.py', '--workdir=W', '--topology=v5e-8', '--nocompile_only'], 'add --compile_only, or drop --topology.'),
     (['train.py', '--workdir=W', '--distributed'], 'the distributed runtime did not start'),
     (['train.py', '--workdir=W', '--coordinator_address=localhost:1', '--num_processes=2', '--process_id=2'],
      '--process_id must be in [0, --num_processes).'),
@@ -311,6 +317,7 @@ def test_entry_points_fail_with_one_line(entry_points, tmp_path, args, message):
   config_dir = tmp_path / 'cfg'
   config_dir.mkdir()
   for name, text in (('none.py', 'def get_config():\n  return None\n'), ('noget.py', 'X = 1\n'),
+                     ('noarg.py', 'from transformer_jax import config\ndef get_config():\n  return config.base_config()\n'),
                      ('syntax.py', 'def get_config(:\n'), ('sweep_no_config.py', 'def get_sweep():\n  return [{}]\n'),
                      ('a_file', 'not a directory\n')):
     (config_dir / name).write_text(text)
@@ -338,6 +345,29 @@ def test_every_tool_refuses_text_that_is_not_utf8_in_one_line(entry_points, args
   bytes on standard input; every tool reads them through `text_input` and names where the bad byte is."""
   returncode, errors = _run(entry_points, [*args, f'--workdir={LEGACY}'], stdin=stdin)
   assert returncode == 1 and errors == [f'error: {message}'], errors
+
+
+@pytest.mark.slow
+def test_a_loss_that_goes_non_finite_before_any_checkpoint_stops_train_py_in_one_line(entry_points, tmp_path):
+  workdir = str(tmp_path / 'w')
+  returncode, lines = _run(entry_points, helpers.train_args(workdir, train__learning_rate_scale=1e9))  # the report's
+  assert returncode == 1
+  assert len(lines) == 1 and re.fullmatch(
+      r'error: non-finite loss, gradients or update by step \d+ \(\d updates skipped\); stopping without saving; no '
+      r'checkpoint has been saved yet\. Lower the learning rate or set train\.on_nonfinite=skip\.', lines[0]), lines
+  assert helpers.checkpoint_steps(workdir) == []
+
+
+@pytest.mark.slow
+def test_a_cpu_run_says_nothing_about_accelerators_it_does_not_have():
+  """With libtpu installed (requirements-test.txt) and no JAX_PLATFORMS, JAX would try the TPU and log its failure."""
+  env = {k: v for k, v in helpers.subprocess_env().items() if k != 'JAX_PLATFORMS'}
+  result = subprocess.run([sys.executable, '-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy'],
+                          input='The dog sees the cat.\n', cwd=helpers.REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(result.stdout.splitlines()) == 1
+  assert 'tpu' not in result.stderr.lower() and 'Unable to initialize backend' not in result.stderr, result.stderr
 
 
 @pytest.mark.slow

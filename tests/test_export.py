@@ -17,6 +17,7 @@ from transformer_jax import scores
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
+from transformer_jax.export import serving
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import EOS_ID
@@ -264,3 +265,18 @@ def test_int8_bleu_is_within_one_point_of_float32(trained, tmp_path):
   print(f'test BLEU on {len(lines)} sentences, beam 4: CTranslate2 {bleu}')
   assert bleu['float32'] > 20  # trained far enough for the comparison to mean something
   assert abs(bleu['int8'] - bleu['float32']) <= 1.0
+
+
+@pytest.mark.parametrize('name', ['model.bin', 'config.json', 'shared_vocabulary.json'])
+def test_an_export_with_a_damaged_file_is_refused_by_translate_in_one_line(trained, tmp_path, name):
+  config, workdir = trained
+  restored = _restore(config, workdir)
+  out = tmp_path / 'ct2'
+  export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer.path, out, decode=config.decode)
+  helpers.truncate(str(out / name))
+  with pytest.raises(ValueError) as error:
+    serving.translate_lines(str(out), ['The dog sees the cat.'])
+  assert str(error.value).startswith(f'{out} does not load as a CTranslate2 model (')
+  assert str(error.value).endswith('a file of the export is damaged; export it again with python -m '
+                                   'transformer_jax.export.')
+  assert '\n' not in str(error.value)

@@ -8,13 +8,18 @@ import random
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import helpers
+from transformer_jax import checkpoint
+from transformer_jax import config as config_lib
+from transformer_jax import restoring
 from transformer_jax import trainer
 from transformer_jax.data import sources
 from transformer_jax.workdir import Workdir
@@ -45,17 +50,41 @@ def four_steps(tmp_path_factory, uninterrupted):
   return workdir
 
 
-class _Run:
-  """train.py in a subprocess whose output lines are read by a thread (so waits can time out)."""
+# train.py run as `python train.py ...` would run it, except that the process stops twice and waits for a line on
+# stdin: when the script first imports jax (start-up, before main), and when the process exits (after main).
+_PAUSED = r'''
+import atexit, builtins, runpy, sys
+def pause(where):
+  print(f'paused {where}', flush=True)
+  sys.stdin.readline()
+real_import = builtins.__import__
+def import_(name, *args, **kwargs):
+  if name == 'jax' and 'jax' not in sys.modules:
+    pause('importing jax')
+  return real_import(name, *args, **kwargs)
+builtins.__import__ = import_
+atexit.register(pause, 'exiting')
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+'''
 
-  def __init__(self, workdir: str, *extra: str, limit_file_size: int | None = None, **overrides):
+
+class _Run:
+  """train.py in a subprocess whose output lines are read by a thread (so waits can time out). `paused`: it stops
+  at the two points of `_PAUSED` until `resume()`."""
+
+  def __init__(self, workdir: str, *extra: str, limit_file_size: int | None = None, paused: bool = False,
+               **overrides):
     def limits():  # a file-size limit makes writes past it fail (EFBIG) instead of killing the process
       if limit_file_size is not None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
 
-    self.process = subprocess.Popen(helpers.train_command(workdir, *extra, **{**RUN, **overrides}),
-                                    cwd=helpers.REPO, env=helpers.subprocess_env(), stdout=subprocess.PIPE,
+    command = helpers.train_command(workdir, *extra, **{**RUN, **overrides})
+    if paused:
+      command[1:1] = ['-c', _PAUSED]
+    self.process = subprocess.Popen(command, cwd=helpers.REPO, env=helpers.subprocess_env(),
+                                    stdin=subprocess.PIPE if paused else None, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, preexec_fn=limits)
     self.lines, self._queue = [], queue.Queue()
     threading.Thread(target=self._read, daemon=True).start()
@@ -82,6 +111,10 @@ class _Run:
       self.process.kill()
       raise AssertionError(f'no end of output after {timeout} s; got:\n' + ''.join(self.lines[-30:])) from None
     return self.process.wait(timeout=60)
+
+  def resume(self) -> None:
+    self.process.stdin.write('\n')
+    self.process.stdin.flush()
 
   @property
   def output(self) -> str:
@@ -132,18 +165,54 @@ def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_p
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
-def test_a_truncated_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path, uninterrupted,
-                                                                                   four_steps):
+def test_a_stopped_run_names_only_a_step_that_is_finished_on_disk(tmp_path):
+  """What the full-disk and non-finite messages name: never a save in flight (orbax's in-memory latest step) nor
+  None when there is no checkpoint yet."""
+  manager = checkpoint.make_manager(str(tmp_path / 'checkpoints'), async_save=False)
+  assert checkpoint.last_good(manager) == 'no checkpoint has been saved yet'
+  checkpoint.save(manager, 2, {'step': np.int32(2)})
+  (tmp_path / 'checkpoints' / '4.orbax-checkpoint-tmp-1').mkdir()  # what a save of step 4 in flight leaves
+  assert checkpoint.last_good(manager) == 'the last good checkpoint is step 2'
+  manager.close()
+
+
+def test_a_checkpoint_whose_data_files_are_cut_is_skipped_by_eval_and_set_aside_by_train(tmp_path, uninterrupted,
+                                                                                        four_steps, entry_points):
+  """The reported case, end to end: the newest step's OCDBT data files cut to 10 bytes."""
   workdir = _copy(four_steps, tmp_path)
   damaged = os.path.join(Workdir(workdir).checkpoints, '4')
-  helpers.damage_checkpoint(damaged)
+  helpers.damage_checkpoint(damaged, 'process_data_files', size=10)
   digest = helpers.tree_digest(damaged)
+  result = entry_points.run(['eval.py', f'--workdir={workdir}'], text=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'checkpoint step 4 in' in result.stderr and 'does not restore' in result.stderr
+  assert 'restored params of steps [2]' in result.stderr
+  assert helpers.tree_digest(damaged) == digest  # evaluation changes nothing
   run = _Run(workdir)
   assert run.finish() == 0, run.output[-3000:]
   assert 'checkpoint step 4 in' in run.output and 'does not restore' in run.output
   assert f'resumed from step 2 in {Workdir(workdir).checkpoints}' in run.output
   assert helpers.tree_digest(damaged + '.damaged') == digest  # kept as it was, under another name
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
+
+
+@pytest.mark.parametrize('kind', sorted(helpers.CHECKPOINT_FILES))
+def test_damage_to_any_file_of_a_checkpoint_falls_back_to_the_one_before(kind, tmp_path, uninterrupted, four_steps,
+                                                                        caplog):
+  """Each kind of file cut to 10 bytes: evaluation's restore (eval.py's) and training's resume (train.py's, here
+  in-process) both name step 4 and use step 2; training sets step 4 aside unchanged and repeats the losses."""
+  workdir = _copy(four_steps, tmp_path)
+  damaged = os.path.join(Workdir(workdir).checkpoints, '4')
+  helpers.damage_checkpoint(damaged, kind, size=10)
+  digest = helpers.tree_digest(damaged)
+  assert restoring.restore(config_lib.of_run(workdir), workdir).steps == [2]
+  trainer.train_and_evaluate(helpers.tiny_config(**{**RUN, 'train__num_steps': 5}), workdir)
+  checkpoints = Workdir(workdir).checkpoints
+  assert caplog.text.count(f'checkpoint step 4 in {checkpoints} does not restore') == 2
+  assert caplog.text.count(f'restored step 2 of {checkpoints}: the newer checkpoint(s) [4] are damaged') == 2
+  assert helpers.tree_digest(damaged + '.damaged') == digest
+  losses = helpers.losses_by_step(workdir)
+  assert {step: losses[step] for step in (3, 4, 5)} == {step: uninterrupted[1][step] for step in (3, 4, 5)}
 
 
 def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps):
@@ -158,29 +227,61 @@ def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps)
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
 
 
-def test_sigterm_during_start_up_stops_before_the_first_step(tmp_path, uninterrupted):
+def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_0(tmp_path, uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir)
-  run.wait_for('host memory:')  # main has begun: its handlers are in place, the trainer has not started
+  run = _Run(workdir, paused=True)
+  run.wait_for('paused importing jax')  # train.py's first import of jax: before main, long before training
   run.process.send_signal(signal.SIGTERM)
+  run.resume()
+  run.wait_for('paused exiting')
+  run.resume()
   assert run.finish() == 0, run.output[-3000:]
   assert 'stopped before step 1: nothing was trained' in run.output
   assert helpers.checkpoint_steps(workdir) == []
 
 
-def test_more_signals_during_the_preemption_save_do_not_lose_it(tmp_path, uninterrupted):
+def test_more_signals_during_the_preemption_save_and_after_it_do_not_lose_it_or_kill_the_process(tmp_path,
+                                                                                                 uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, train__num_steps=100_000, train__checkpoint_every=100_000)
+  run = _Run(workdir, paused=True, train__num_steps=100_000, train__checkpoint_every=100_000)
+  run.wait_for('paused importing jax')
+  run.resume()
   run.wait_for('step 3/')
   sent = time.time()
   for _ in range(3):
     run.process.send_signal(signal.SIGTERM)
   line = run.wait_for('preempted: saved step')
+  run.wait_for('paused exiting')  # main has returned: the process is on its way out
+  run.process.send_signal(signal.SIGTERM)
+  run.process.send_signal(signal.SIGINT)
+  run.resume()
   assert run.finish() == 0, run.output[-3000:]
   step = int(line.split('preempted: saved step ')[1].split()[0])
   assert helpers.checkpoint_steps(workdir) == [step]  # on disk, as the message says
   step_seconds = [r['step_seconds'] for r in helpers.read_metrics(workdir)]
   print(f'SIGTERM to exit: {time.time() - sent:.1f} s; a step took {min(step_seconds):.3f}-{max(step_seconds):.3f} s')
+
+
+def test_a_second_train_py_on_a_workdir_in_use_is_refused_in_one_line(tmp_path, uninterrupted, entry_points):
+  workdir = _workdir(tmp_path, uninterrupted)
+  with Workdir(workdir).exclusive():  # held by this process, as a first run would hold it
+    result = entry_points.run(helpers.train_args(workdir), text=True)
+  assert result.returncode == 1
+  assert result.stderr.splitlines()[-1] == (
+      f'error: workdir {workdir} is in use by another training run (pid {os.getpid()} on {socket.gethostname()}): '
+      'wait for it to finish or stop it, or pass another --workdir.')
+  assert not os.path.exists(Workdir(workdir).checkpoints)
+  first = _Run(workdir, train__num_steps=100_000, train__checkpoint_every=1)  # a double launch of train.py
+  first.wait_for('step 2/')
+  second = entry_points.run(helpers.train_args(workdir), text=True)
+  assert second.returncode == 1
+  assert f'in use by another training run (pid {first.process.pid} on ' in second.stderr.splitlines()[-1]
+  first.process.send_signal(signal.SIGTERM)
+  line = first.wait_for('preempted: saved step')
+  assert first.finish() == 0, first.output[-3000:]
+  step = int(line.split('preempted: saved step ')[1].split()[0])
+  assert helpers.checkpoint_steps(workdir)[-1] == step  # the first run's checkpoints, as it left them
+  assert helpers.losses_by_step(workdir)[2] == uninterrupted[1][2]
 
 
 def _tsv(path, pairs) -> str:

@@ -191,3 +191,25 @@ def test_a_baseline_of_another_test_set_stops_evaluation_before_it_decodes(tmp_p
     significance.Comparison(str(tmp_path / 'missing.txt'))
   with pytest.raises(ValueError, match='positive integer'):
     significance.Comparison(str(baseline), seed=0)
+
+
+@pytest.mark.parametrize('baseline_split, order', [('test', 1), ('validation', -1)])
+def test_a_results_json_scored_on_other_sentences_stops_evaluation_before_it_decodes(tmp_path, baseline_split, order):
+  """A baseline's results.json names the references it was scored on: another split of the same size, or the same
+  sentences in another order, is refused although the line counts agree."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(LEGACY, workdir)
+  config = config_lib.of_run(workdir)
+  theirs = [target for _, target in sources.load_split(config.data, baseline_split)][::order]
+  ours = [target for _, target in sources.load_split(config.data, 'validation')]
+  assert len(theirs) == len(ours)
+  paths = scoring.write_translations(Workdir(str(tmp_path / 'baseline')), baseline_split, {'hyp': theirs, 'ref': theirs})
+  baseline = tmp_path / 'baseline' / 'results.json'
+  baseline.write_text(json.dumps({'split': baseline_split, 'translations': paths}), encoding='utf-8')
+  restored = restoring.restore(config, workdir)
+  with pytest.raises(ValueError) as error:
+    scoring.evaluate_split(restored, workdir, 'validation', significance.Comparison(str(baseline)))
+  assert str(error.value) == (f'{baseline} was scored on other sentences than this evaluation (reference 1 there: '
+                              f'{theirs[0]!r}; here: {ours[0]!r}): pass a baseline evaluated on the same split and '
+                              'data.')
+  assert not os.path.exists(os.path.join(workdir, 'translations'))

@@ -24,6 +24,7 @@ import ml_collections
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import run_builder
 from transformer_jax import sharding
+from transformer_jax.errors import MissingDependencyError
 from transformer_jax.sections import mesh as mesh_section
 
 GiB = 1 << 30
@@ -99,8 +100,8 @@ def get_topology(name: str) -> Topology:
   return TOPOLOGIES[name]
 
 
-def _libtpu_missing_error(name: str) -> RuntimeError:
-  return RuntimeError(f'compiling for {name} needs libtpu, which is not installed: '
+def _libtpu_missing_error(name: str) -> MissingDependencyError:
+  return MissingDependencyError(f'compiling for {name} needs libtpu, which is not installed: '
                       f'pip install "jax[tpu]=={jax.__version__}"')
 
 

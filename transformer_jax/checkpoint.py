@@ -4,12 +4,15 @@ Layout: `<checkpoints>/<step>/state` (`Workdir.checkpoints`) holds {'step', 'par
 so params alone can be restored onto any mesh), `<step>/data` holds each process's input-iterator state
 (grain's handler, one JSON file per process). Orbax writes each step to a temporary directory and renames
 it when complete, so a crash mid-save leaves the previous step restorable; a training run removes such stale
-temporary directories when it starts. A finished step that no longer restores (a truncated file, damaged
-metadata) never blocks a run: `restore_newest` names it and falls back to the newest step that restores, and a
-training run sets it aside as `<step>.damaged` (kept, never deleted) so that it can save that step again.
+temporary directories when it starts. A finished step that no longer restores (any file of it truncated or
+unreadable: metadata, manifests, array data, the iterator's file, `_CHECKPOINT_METADATA`) never blocks a run:
+`restore_newest` names it and falls back to the newest step that restores, and a training run sets it aside as
+`<step>.damaged` (kept, never deleted) so that it can save that step again. A step restores when every array
+asked for has been read (orbax reads lazily) and its small files parse, not when its metadata alone does.
 """
 
 import contextlib
+import glob
 import os
 import re
 
@@ -19,18 +22,24 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint._src.metadata import array_metadata_store  # what orbax's default array handler is given
+from orbax.checkpoint._src.metadata import checkpoint as step_metadata  # where orbax keeps a step's metadata
 
 from transformer_jax import cpu_backend
+from transformer_jax import files
 from transformer_jax.errors import one_line
+from transformer_jax.errors import root_cause
 
 STATE, DATA = 'state', 'data'
 DAMAGED_SUFFIX = '.damaged'
-# What orbax, tensorstore and json raise for a step whose files are truncated or whose metadata is damaged.
-_DAMAGE = (ValueError, OSError, KeyError)
 
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint is intact but was written by a model of other shapes (a config error, not damage)."""
+
+
+class DamagedCheckpointError(ValueError):
+  """A step's files do not restore (truncated, missing or unreadable), whichever file and however orbax,
+  tensorstore or json report it."""
 
 
 class SaveError(OSError):
@@ -113,15 +122,23 @@ def closing(manager: ocp.CheckpointManager):
 
 
 def _save_error(manager, error: BaseException) -> SaveError:
-  cause = error
-  while cause.__cause__ is not None or cause.__context__ is not None:
-    cause = cause.__cause__ or cause.__context__
+  cause = root_cause(error)
   os_error = re.search(r"os_error_code='(\d+)'", str(cause))  # tensorstore's form of an OSError
   reason = (getattr(cause, 'strerror', None) or (os.strerror(int(os_error.group(1))) if os_error else None)
             or one_line(cause))
-  return SaveError(f'saving a checkpoint in {manager.directory} failed ({reason}); the last good checkpoint is step '
-                   f'{manager.latest_step()}. Free disk space (or fix the permissions) and rerun the same command to '
-                   'resume from it.')
+  return SaveError(f'saving a checkpoint in {manager.directory} failed ({reason}); {last_good(manager)}. Free disk '
+                   'space (or fix the permissions) and rerun the same command to resume.')
+
+
+def finished_steps(manager: ocp.CheckpointManager) -> list[int]:
+  """The steps whose saves have finished on disk (not orbax's in-memory steps, which include a save in flight)."""
+  return sorted(ocp.path.step.checkpoint_steps(manager.directory))
+
+
+def last_good(manager: ocp.CheckpointManager) -> str:
+  """What a stopped run can resume from, for its error message: the newest finished step on disk, or none."""
+  steps = finished_steps(manager)
+  return f'the last good checkpoint is step {steps[-1]}' if steps else 'no checkpoint has been saved yet'
 
 
 def _restore_args(abstract_tree):
@@ -130,10 +147,32 @@ def _restore_args(abstract_tree):
       if getattr(x, 'sharding', None) is not None else ocp.RestoreArgs(restore_type=np.ndarray), abstract_tree)
 
 
+@contextlib.contextmanager
+def _reading(manager: ocp.CheckpointManager, step: int):
+  """Any failure to read `step` becomes one DamagedCheckpointError naming the step and the innermost cause."""
+  try:
+    yield
+  except (CheckpointMismatchError, DamagedCheckpointError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # orbax and tensorstore raise many kinds, some bare
+    reason = re.sub(r"\s*\[tensorstore_spec='.*'\]", '', one_line(root_cause(e)))  # its whole spec: noise here
+    raise DamagedCheckpointError(f'checkpoint step {step} in {manager.directory} does not restore ({reason})') from e
+
+
+def _check_small_files(manager: ocp.CheckpointManager, step: int) -> None:
+  """The step's JSON files that orbax would read leniently or not at all: its `_CHECKPOINT_METADATA` and every
+  process's data-iterator file."""
+  directory = os.path.join(manager.directory, str(step))
+  for path in [str(step_metadata.step_metadata_file_path(directory)),
+               *glob.glob(os.path.join(directory, DATA, '*.json'))]:
+    files.read_json(path, 'checkpoint file')
+
+
 def saved_params(manager: ocp.CheckpointManager, step: int):
   """The metadata (shapes, dtypes) of a step's params, as a tree like the params."""
-  saved = manager.item_metadata(step)[STATE]
-  return getattr(saved, 'tree', saved)['params']
+  with _reading(manager, step):
+    saved = manager.item_metadata(step)[STATE]
+    return getattr(saved, 'tree', saved)['params']
 
 
 def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params) -> None:
@@ -157,9 +196,11 @@ def restore_state(manager: ocp.CheckpointManager, step: int, abstract_state: dic
   items = {STATE: ocp.args.PyTreeRestore(item=abstract_state, restore_args=_restore_args(abstract_state))}
   if data_iterator is not None:
     items[DATA] = grain.checkpoint.CheckpointRestore(data_iterator)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  with _reading(manager, step):
+    _check_small_files(manager, step)
+    restored = jax.block_until_ready(manager.restore(step, args=ocp.args.Composite(**items))[STATE])
   logging.info('restored step %d from %s', step, manager.directory)
-  return restored[STATE]
+  return restored
 
 
 def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params):
@@ -167,7 +208,9 @@ def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params):
   check_shapes(manager, step, abstract_params)
   item = {'params': abstract_params}
   args = ocp.args.PyTreeRestore(item=item, restore_args=_restore_args(item), partial_restore=True)
-  return manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]['params']
+  with _reading(manager, step):
+    _check_small_files(manager, step)
+    return jax.block_until_ready(manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]['params'])
 
 
 def average_params(manager: ocp.CheckpointManager, steps, restore_step, count: int | None = None):
@@ -185,11 +228,8 @@ def average_params(manager: ocp.CheckpointManager, steps, restore_step, count: i
       break
     try:
       params = restore_step(step)
-    except CheckpointMismatchError:
-      raise
-    except _DAMAGE as e:  # a damaged step: as in restore_newest
-      logging.warning('checkpoint step %d in %s does not restore (%s): averaging without it', step,
-                      manager.directory, one_line(e))
+    except DamagedCheckpointError as e:  # as in restore_newest
+      logging.warning('%s: averaging without it', e)
       continue
     used.append(step)
     dtypes = jax.tree.map(lambda x: x.dtype, params)
@@ -204,17 +244,15 @@ def average_params(manager: ocp.CheckpointManager, steps, restore_step, count: i
 
 def restore_newest(manager: ocp.CheckpointManager, restore_step, steps=None):
   """(step, restore_step(step)) for the newest of `steps` (default: all) that restores, and the newer steps
-  that did not. A damaged step is named in a warning and skipped; a model mismatch is raised as it is."""
+  that did not. A damaged step (DamagedCheckpointError) is named in a warning and skipped; anything else, a model
+  mismatch included, is raised as it is."""
   candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
   broken = []
   for step in candidates:
     try:
       result = restore_step(step)
-    except CheckpointMismatchError:
-      raise
-    except _DAMAGE as e:
-      logging.warning('checkpoint step %d in %s does not restore (%s): trying the one before', step,
-                      manager.directory, one_line(e))
+    except DamagedCheckpointError as e:
+      logging.warning('%s: trying the one before', e)
       broken.append(step)
       continue
     if broken:

@@ -14,10 +14,12 @@ from absl import logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
+from transformer_jax import cpu_backend
+from transformer_jax.errors import MissingDependencyError
 from transformer_jax.errors import one_line
 
 # Errors that describe a bad input or a run that cannot go on, already worded for the user.
-USER_ERRORS = (ValueError, OSError, ArithmeticError)
+USER_ERRORS = (ValueError, OSError, ArithmeticError, MissingDependencyError)
 
 
 class _ConfigFileParser(flags.ArgumentParser):
@@ -132,10 +134,12 @@ def _unraisable_in_one_line(previous):
 
 
 def run(main):
-  """`app.run(main)` with one-line flag errors, orbax/grain/asyncio logs kept short, uncatchable (unraisable)
-  errors logged in one line each, and USER_ERRORS from `main` as one line on stderr."""
+  """`app.run(main)` with one-line flag errors, no start-up of accelerators the machine lacks, orbax/grain/asyncio
+  logs kept short, uncatchable (unraisable) errors logged in one line each, and USER_ERRORS from `main` as one line
+  on stderr."""
 
   def guarded(argv):
+    cpu_backend.skip_absent_accelerators()
     logging.get_absl_handler().addFilter(_QuietLibraries())
     sys.unraisablehook = _unraisable_in_one_line(sys.unraisablehook)
     try:

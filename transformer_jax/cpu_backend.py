@@ -205,3 +205,10 @@ def will_run_on_cpu(platforms: str | None = None) -> bool:
   if platforms:
     return platforms.split(',')[0].strip() == 'cpu'
   return not any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
+
+
+def skip_absent_accelerators() -> None:
+  """Where JAX would fall back to the CPU anyway (no JAX_PLATFORMS, no GPU or TPU device files), starts only its
+  CPU backend: an installed libtpu or CUDA plugin then does not log its failed start-up on every run."""
+  if not os.environ.get('JAX_PLATFORMS') and not jax.config.jax_platforms and will_run_on_cpu():
+    jax.config.update('jax_platforms', 'cpu')

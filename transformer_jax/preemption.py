@@ -1,9 +1,11 @@
 """Stop requests: SIGTERM (a scheduler's preemption notice) or SIGINT (Ctrl-C) -> save and stop after a step.
 
-One process: Python signal handlers, installed by train.py at the start of `main` and kept through the final
-report, set a flag that the loop reads after every step (and once before the first), so a signal during start-up,
-during the save that a stop triggers, or a second signal, never kills the run mid-write. During the final report
-(training is saved by then) a signal stops the report at once (`StopRequested`).
+One process: Python signal handlers set a flag that the loop reads after every step (and once before the first),
+so a signal during start-up, during the save that a stop triggers, or a second signal, never kills the run
+mid-write. train.py installs them before its heavy imports and keeps them until the process exits
+(`for_this_process`): a scheduler reads the exit status, and a signal while Python imports JAX or after the last
+save must not turn a clean stop into death by signal. During the final report (training is saved by then) a
+signal stops the report at once (`StopRequested`).
 
 Several processes: JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM, and orbax's
 `reached_preemption` makes every host agree on the same step to stop at, without a collective on every step;
@@ -33,15 +35,35 @@ class StopRequest:
     self._manager = None
     self._previous = {}
 
+  @classmethod
+  def for_this_process(cls) -> 'StopRequest':
+    """One process's request with its handlers installed now and never removed (see `hand_back`)."""
+    return cls().install()
+
   def __enter__(self) -> 'StopRequest':
+    return self.install()
+
+  def __exit__(self, *exc):
+    self.release()
+
+  def install(self) -> 'StopRequest':
     if not self._multi_process:
       self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     return self
 
-  def __exit__(self, *exc):
+  def release(self) -> None:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     self._previous = {}
+
+  def hand_back(self, multi_process: bool = False) -> None:
+    """Signals go back to their default handling, for work that does not stop between steps (--compile_only) or
+    that several processes stop together (`multi_process`: JAX's service takes SIGTERM); a signal that came
+    meanwhile is delivered again, as if the handlers had never been there."""
+    self.release()
+    self._multi_process = multi_process
+    if self._signalled is not None:
+      signal.raise_signal(self._signalled)
 
   def _handle(self, signum, frame):
     if self._raise:

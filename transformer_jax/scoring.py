@@ -91,7 +91,7 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
     sharding.check_batch_divisible(config[section][name], restored.mesh, key)
   pairs = sources.load_split(config.data, split)
   if compare_to:
-    compare_to.check(len(pairs))  # before anything is decoded
+    compare_to.check([target for _, target in pairs])  # before anything is decoded
   limit = restored.position_limit
   cut = pipeline.count_over(pairs, restored.tokenizer, limit)
   if cut:

@@ -105,22 +105,33 @@ def _interval(values: np.ndarray) -> list[float]:
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-  """A baseline to compare a system with (eval.py --compare_to) and the test to run. Its hypotheses are read
-  (`read_hypotheses`) when it is made, so that a file that cannot be read fails before anything is decoded."""
+  """A baseline to compare a system with (eval.py --compare_to) and the test to run. Its hypotheses (and, from a
+  results.json, the references it was scored on) are read when it is made, so that a file that cannot be read
+  fails before anything is decoded."""
 
   baseline: str  # a results.json written by eval.py or a hypotheses file
   method: str = 'bs'
   samples: int | None = None  # None: sacrebleu's default for the method
   seed: int = DEFAULT_SEED
   hypotheses: tuple[str, ...] = dataclasses.field(init=False, repr=False)
+  references: tuple[str, ...] | None = dataclasses.field(init=False, repr=False)  # None: a plain hypotheses file
 
   def __post_init__(self):
     _check_settings(self.method, self.samples, self.seed)
     object.__setattr__(self, 'hypotheses', tuple(read_hypotheses(self.baseline)))
+    object.__setattr__(self, 'references', read_references(self.baseline))
 
-  def check(self, num_references: int) -> None:
-    """Fails (one line) unless the baseline has a hypothesis for each of `num_references` references."""
-    _check_count(self.baseline, len(self.hypotheses), num_references)
+  def check(self, references: list[str]) -> None:
+    """Fails (one line) unless the baseline has a hypothesis for each reference and, where its results.json says
+    which references it was scored on, they are these, in this order (the same test set)."""
+    _check_count(self.baseline, len(self.hypotheses), len(references))
+    if self.references is not None and list(self.references) != list(references):
+      index = next((i for i, (a, b) in enumerate(zip(self.references, references)) if a != b),
+                   min(len(self.references), len(references)))
+      theirs = self.references[index] if index < len(self.references) else '(none)'
+      ours = references[index] if index < len(references) else '(none)'
+      raise ValueError(f'{self.baseline} was scored on other sentences than this evaluation (reference {index + 1} '
+                       f'there: {theirs!r}; here: {ours!r}): pass a baseline evaluated on the same split and data.')
 
   def run(self, system: list[str], references: list[str]) -> dict:
     """`compare_systems` of `system` against the baseline with these settings, and the baseline's path."""
@@ -151,11 +162,20 @@ def read_hypotheses(path: str | Path, num_references: int | None = None) -> list
     raise ValueError(f'no such file: {path}; pass a results.json written by eval.py or a hypotheses file, one '
                      'sentence per line.')
   if path.suffix == '.json':
-    path = _hypotheses_of_results(path)
+    path = _translations_of_results(path, 'hyp')
   lines = files.read_text_lines(str(path), 'the hypotheses path')
   if num_references is not None:
     _check_count(path, len(lines), num_references)
   return lines
+
+
+def read_references(path: str | Path) -> tuple[str, ...] | None:
+  """The references a baseline's results.json was scored on; None for a plain hypotheses file (or a results.json
+  that names none), which only its line count can check."""
+  path = Path(path)
+  if path.suffix != '.json' or 'ref' not in (files.read_json(str(path), 'results.json').get('translations') or {}):
+    return None
+  return tuple(files.read_text_lines(str(_translations_of_results(path, 'ref')), 'the references path'))
 
 
 def _check_count(path, num_lines: int, num_references: int) -> None:
@@ -164,18 +184,19 @@ def _check_count(path, num_lines: int, num_references: int) -> None:
                      'of the same test set, one sentence per line.')
 
 
-def _hypotheses_of_results(results_path: Path) -> Path:
-  """The hypotheses file a results.json names; a relative name that does not resolve from here is looked up in
-  the translations/ folder beside the results.json (where eval.py writes it)."""
+def _translations_of_results(results_path: Path, kind: str) -> Path:
+  """The file of `kind` ('hyp' or 'ref') a results.json names; a relative name that does not resolve from here is
+  looked up in the translations/ folder beside the results.json (where eval.py writes it)."""
   results = files.read_json(str(results_path), 'results.json')
   try:
-    hyp = Path(results['translations']['hyp'])
+    named = Path(results['translations'][kind])
   except (KeyError, TypeError):
-    raise ValueError(f"{results_path} is not a results.json with a 'translations': {{'hyp': PATH}} entry: pass "
+    raise ValueError(f"{results_path} is not a results.json with a 'translations': {{'{kind}': PATH}} entry: pass "
                      'the results.json of an eval.py run or a plain hypotheses file.') from None
-  candidates = [hyp, results_path.parent / 'translations' / hyp.name]
+  candidates = [named, results_path.parent / 'translations' / named.name]
   for candidate in candidates:
     if candidate.is_file():
       return candidate
-  raise ValueError(f'{results_path} names the hypotheses {hyp}, which is not there (nor at {candidates[1]}): '
-                   'pass the hypotheses file itself.')
+  what = {'hyp': 'hypotheses', 'ref': 'references'}[kind]
+  raise ValueError(f'{results_path} names the {what} {named}, which is not there (nor at {candidates[1]}): '
+                   f'pass the {"hypotheses file itself" if kind == "hyp" else "hypotheses file alone"}.')

@@ -37,8 +37,9 @@ def compilation_cache_dir(train: ml_collections.ConfigDict, workdir: str) -> str
   return train.compilation_cache_dir or os.path.join(os.path.dirname(os.path.abspath(workdir)), 'jax_compilation_cache')
 
 
-class NonFiniteLossError(RuntimeError):
-  pass
+class NonFiniteLossError(FloatingPointError):
+  """The loss, gradients or update went non-finite (train.on_nonfinite='stop'): one line naming the step and the
+  checkpoint to resume from (an ArithmeticError: cli.run reports it without a traceback)."""
 
 
 class DispatchWindow:
@@ -86,11 +87,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        stop: preemption.StopRequest | None = None) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the state and last metrics.
 
-  stop: the stop request whose signal handlers train.py installed at the start of `main` (else one is made here).
+  stop: the stop request whose signal handlers train.py installed before its imports (else one is made here).
   """
   run_dir = Workdir(workdir)
   run_dir.ensure_writable(jax.process_index())
-  with contextlib.ExitStack() as cleanup:  # report, checkpoints and signal handlers are released on any exit
+  with contextlib.ExitStack() as cleanup:  # the workdir, report, checkpoints and signal handlers: released on exit
+    if jax.process_index() == 0:  # the other processes of a run share its workdir
+      cleanup.enter_context(run_dir.exclusive())
     if stop is None:
       stop = cleanup.enter_context(preemption.StopRequest(multi_process=jax.process_count() > 1))
     return _train(config, run_dir, stop, cleanup)
@@ -156,8 +159,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
     if nonfinite and train_cfg.on_nonfinite == 'stop':
       raise NonFiniteLossError(
           f'non-finite loss, gradients or update by step {step} ({nonfinite} updates skipped); stopping without '
-          f'saving. The last good checkpoint is step {manager.latest_step()}; lower the learning rate or set '
-          'train.on_nonfinite=skip.')
+          f'saving; {checkpoint.last_good(manager)}. Lower the learning rate or set train.on_nonfinite=skip.')
 
   def save():
     check_finite(report.nonfinite())

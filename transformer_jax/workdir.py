@@ -10,9 +10,13 @@
                                      results_ensemble.json for an ensemble evaluated from this workdir)
     WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation (<split>.ensemble.*.txt)
     WORKDIR/train.log                train.py's output when a sweep launches it
+    WORKDIR/train.lock               held by the training process (`Workdir.exclusive`): one run per workdir
 """
 
+import contextlib
+import fcntl
 import os
+import socket
 
 import ml_collections
 
@@ -20,6 +24,18 @@ from transformer_jax import files
 
 # Keys earlier versions wrote into config.json that no longer exist (dropped when such a config is read).
 _REMOVED_KEYS = {'train': ('reuse_host_memory',)}  # now train.py --host_memory
+
+
+def _is_file(fd: int, path: str) -> bool:
+  """Whether the open file `fd` is the file at `path` now."""
+  try:
+    return os.path.samestat(os.fstat(fd), os.stat(path))
+  except FileNotFoundError:
+    return False
+
+
+class WorkdirInUseError(OSError):
+  """Another training process holds the workdir (a double launch)."""
 
 
 class Workdir:
@@ -77,6 +93,36 @@ class Workdir:
   def translation_file(self, split: str, kind: str, tag: str | None = None) -> str:
     """kind: 'src', 'hyp' or 'ref'; a tag as in `results_file`: translations/<split>.<tag>.<kind>.txt."""
     return self._join('translations', '.'.join([split, *([tag] if tag else []), kind, 'txt']))
+
+  @property
+  def lock_file(self) -> str:
+    return self._join('train.lock')
+
+  @contextlib.contextmanager
+  def exclusive(self):
+    """Held by one training process at a time, so that two runs never write one workdir's checkpoints: a second
+    is refused in one line naming the first. The OS releases the lock when its holder exits, however it exits; a
+    holder that exits normally also removes the file."""
+    while True:
+      fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = os.pread(fd, 256, 0).decode(errors='replace').strip() or 'a process that is starting'
+        os.close(fd)
+        raise WorkdirInUseError(f'workdir {self.path} is in use by another training run ({holder}): wait for it to '
+                                'finish or stop it, or pass another --workdir.') from None
+      if _is_file(fd, self.lock_file):
+        break
+      os.close(fd)  # locked a file that its holder removed as it finished: lock the current one
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()}'.encode(), 0)
+      yield
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(self.lock_file)
+      os.close(fd)
 
   def ensure_writable(self, process_index: int = 0) -> None:
     """Creates the directory; fails with one line, before any work, if it cannot be written."""

@@ -11,6 +11,7 @@ from transformer_jax import files
 from transformer_jax import text_input
 from transformer_jax.data import pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.errors import one_line
 from transformer_jax.model_config import ModelConfig
 
 
@@ -26,7 +27,11 @@ def translate_lines(model_dir: str, lines: list[str], *, beam_size: int | None =
   settings = files.read_json(settings_file, 'export\'s settings file')
   model, decode = ModelConfig.from_dict(settings['model']), settings['decode']
   tok = tokenizer_lib.load_tokenizer(os.path.join(model_dir, export.SPM_FILE))
-  translator = ctranslate2.Translator(model_dir, device='auto')
+  try:
+    translator = ctranslate2.Translator(model_dir, device='auto')
+  except (RuntimeError, ValueError) as e:  # CTranslate2 reports a truncated or damaged file of the export so
+    raise ValueError(f'{model_dir} does not load as a CTranslate2 model ({one_line(e)}): a file of the export is '
+                     'damaged; export it again with python -m transformer_jax.export.') from None
 
   def translate(kept: list[str]) -> list[str]:
     encoded = text_input.encode_lines(kept, tok, model.max_len, truncate)
