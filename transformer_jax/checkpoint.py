@@ -175,6 +175,12 @@ def saved_params(manager: ocp.CheckpointManager, step: int):
     return getattr(saved, 'tree', saved)['params']
 
 
+def holds_params_only(manager: ocp.CheckpointManager, step: int) -> bool:
+  """Whether a step holds params alone (an imported model, averaged params), without a training state to resume."""
+  saved = manager.item_metadata(step)[STATE]
+  return 'opt_state' not in getattr(saved, 'tree', saved)
+
+
 def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params) -> None:
   """Raises, listing every mismatch, when the checkpoint's params differ in shape from the config's model."""
   saved = saved_params(manager, step)

@@ -44,10 +44,13 @@ def _constrain(x, names):
   return nn.with_logical_constraint(x, names)
 
 
-def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
-  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5), for any positions."""
+def sinusoidal_encoding(positions: jax.Array, d_model: int, layout: str = 'interleaved') -> jax.Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5), for any positions; layout
+  'split' puts the same sines in the first half and the cosines in the second (transformers' Marian)."""
   inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  if layout == 'split':
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
@@ -65,7 +68,8 @@ def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax
 
 
 class Embedder(nn.Module):
-  """Token embedding ×√d_model plus positional encoding, then dropout (§3.4, §3.5, §5.4)."""
+  """Token embedding ×√d_model (unless `scale_embeddings` is off) plus positional encoding, then dropout (§3.4, §3.5,
+  §5.4)."""
 
   config: ModelConfig
   embedding: nn.Embed
@@ -73,9 +77,11 @@ class Embedder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, *, deterministic):
     cfg = self.config
-    x = self.embedding(tokens) * math.sqrt(cfg.d_model)
+    x = self.embedding(tokens)
+    if cfg.scale_embeddings:
+      x = x * math.sqrt(cfg.d_model)
     if cfg.positional == 'sinusoidal':
-      pe = sinusoidal_encoding(positions, cfg.d_model)
+      pe = sinusoidal_encoding(positions, cfg.d_model, cfg.sinusoids)
     else:  # a table of max_len rows: padding past it reads the last row (real tokens never get there, see
       # ModelConfig.position_limit), where an out-of-range lookup would be NaN and leak through attention
       pe = nn.Embed(cfg.max_len, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
@@ -93,8 +99,9 @@ def make_embedding(config: ModelConfig) -> nn.Embed:
 
 
 class _KernelPartitioned(nn.LogicallyPartitioned):
-  """A kernel's logical names, not applied to the flat [fan_in, fan_out] matrix `nn.DenseGeneral` initialises
-  and then reshapes: the names fit only the final shape (flax would constrain the flat one under a mesh)."""
+  """A kernel's (or bias's) logical names, not applied to the flat [fan_in, fan_out] matrix (flat vector)
+  `nn.DenseGeneral` initialises and then reshapes: the names fit only the final shape (flax would constrain the
+  flat one under a mesh)."""
 
   def unbox(self, apply_constraint=True):
     return super().unbox(apply_constraint and jnp.ndim(self.value) == len(self.names))
@@ -105,9 +112,9 @@ def dense(config: ModelConfig, features, names: tuple[str, ...], *, axis=-1, use
   on a CPU its backward pass is `cpu_backend.dot_general`'s."""
   kernel_init = lambda *args: _KernelPartitioned(_xavier(*args), names)
   bias_names = names[-(len(features) if isinstance(features, tuple) else 1):]
+  bias_init = lambda *args: _KernelPartitioned(nn.initializers.zeros(*args), bias_names)  # also initialised flat
   return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=config.compute_dtype,
-                         param_dtype=config.weight_dtype, kernel_init=kernel_init,
-                         bias_init=_param(nn.initializers.zeros, bias_names),
+                         param_dtype=config.weight_dtype, kernel_init=kernel_init, bias_init=bias_init,
                          dot_general=cpu_backend.dot_general if cpu_backend.enabled(config.cpu_kernels) else None,
                          name=name)
 
@@ -130,9 +137,10 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     heads_k, heads_v = (cfg.num_heads, cfg.head_dim_k), (cfg.num_heads, cfg.head_dim_v)
     in_names = ('embed', 'heads', 'kv')
-    query_proj = dense(cfg, heads_k, in_names, name='query')
-    key_proj = dense(cfg, heads_k, in_names, name='key')
-    value_proj = dense(cfg, heads_v, in_names, name='value')
+    bias = cfg.attention_bias
+    query_proj = dense(cfg, heads_k, in_names, use_bias=bias, name='query')
+    key_proj = dense(cfg, heads_k, in_names, use_bias=bias, name='key')
+    value_proj = dense(cfg, heads_v, in_names, use_bias=bias, name='value')
     qkv_names = ('batch', 'length', 'heads', 'kv')
 
     q = _constrain(query_proj(x_q), qkv_names)
@@ -155,7 +163,7 @@ class MultiHeadAttention(nn.Module):
       out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
                              dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
     out = _constrain(out, qkv_names)
-    return dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), name='out')(out)
+    return dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), use_bias=bias, name='out')(out)
 
   def _append_to_cache(self, k, v, spec, decode_index):
     """Writes these tokens' keys/values and validity at decode_index; a query then sees the valid cache
@@ -174,8 +182,11 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value, spec
 
 
+_ACTIVATION_FNS = {'relu': nn.relu, 'gelu': lambda x: nn.gelu(x, approximate=False), 'swish': nn.swish}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3), or GELU / swish in place of max(0, ·) (`model.activation`)."""
 
   config: ModelConfig
   deterministic: bool
@@ -184,7 +195,7 @@ class FeedForward(nn.Module):
   def __call__(self, x):
     cfg = self.config
     h = dense(cfg, cfg.d_ff, ('embed', 'mlp'), use_bias=True, name='wi')(x)
-    h = _constrain(nn.relu(h), ('batch', 'length', 'mlp'))
+    h = _constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp'))
     h = nn.Dropout(cfg.relu_dropout)(h, deterministic=self.deterministic)
     return dense(cfg, cfg.d_model, ('mlp', 'embed'), use_bias=True, name='wo')(h)
 
@@ -331,7 +342,11 @@ class Decoder(nn.Module):
       logits = cpu_backend.tied_logits(y.astype(cfg.compute_dtype), self.embedding.embedding.astype(cfg.compute_dtype))
     else:
       logits = self.embedding.attend(y)
-    return _constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+    logits = logits.astype(jnp.float32)
+    if cfg.logits_bias:
+      logits = logits + self.param('logits_bias', _param(nn.initializers.zeros, ('vocab',)), (cfg.vocab_size,),
+                                   cfg.weight_dtype).astype(jnp.float32)
+    return _constrain(logits, ('batch', 'length', 'vocab'))
 
 
 class Transformer(nn.Module):

@@ -10,6 +10,8 @@ import numpy as np
 
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 POSITIONAL = ('sinusoidal', 'learned')
+SINUSOIDS = ('interleaved', 'split')  # sin/cos pairs (§3.5), or all sines then all cosines (transformers' Marian)
+ACTIVATIONS = ('relu', 'gelu', 'swish')  # the FFN's nonlinearity: the paper's ReLU, exact (erf) GELU, swish = SiLU
 NORMS = ('post', 'pre')
 ATTENTIONS = ('auto', 'reference', 'dot_product', 'chunked', 'flash_tpu', 'flash_gpu')  # attention.serving
 REMATS = ('none', 'full', 'dots', 'dots_no_batch')
@@ -34,7 +36,13 @@ class ModelConfig:
   attention_dropout: float = 0.0
   relu_dropout: float = 0.0
   positional: str = 'sinusoidal'
+  sinusoids: str = 'interleaved'  # the layout of the sinusoidal table's columns
   max_len: int = 256  # longest sentence (tokens incl. EOS) the model accepts
+  max_positions: int | None = None  # positions a sequence may use (e.g. a Marian checkpoint's table); None: no limit
+  activation: str = 'relu'
+  scale_embeddings: bool = True  # token embeddings ×√d_model (§3.4)
+  attention_bias: bool = False  # biases on the attention projections (the paper's W matrices have none)
+  logits_bias: bool = False  # a bias added to the pre-softmax logits
   share_embeddings: bool = True  # source, target and pre-softmax weights tied (§3.4)
   norm: str = 'post'
   layer_norm_epsilon: float = 1e-6
@@ -49,6 +57,8 @@ class ModelConfig:
   def __post_init__(self):
     _check_choice('architecture', self.architecture, ARCHITECTURES)
     _check_choice('positional', self.positional, POSITIONAL)
+    _check_choice('sinusoids', self.sinusoids, SINUSOIDS)
+    _check_choice('activation', self.activation, ACTIVATIONS)
     _check_choice('norm', self.norm, NORMS)
     _check_choice('attention', self.attention, ATTENTIONS)
     _check_choice('remat', self.remat, REMATS)
@@ -62,6 +72,8 @@ class ModelConfig:
     for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'num_decoder_layers', 'max_len', 'attention_chunk_size'):
       if getattr(self, name) <= 0:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}.')
+    if self.max_positions is not None and self.max_positions <= 0:
+      raise ValueError(f'model.max_positions must be positive (or None: no limit), got {self.max_positions}.')
     if self.decoder_only and self.num_encoder_layers:
       raise ValueError(f"model.architecture='decoder_only' has no encoder: set model.num_encoder_layers=0 (got "
                        f'{self.num_encoder_layers}); model.num_decoder_layers is its depth.')
@@ -93,9 +105,12 @@ class ModelConfig:
 
   @property
   def position_limit(self) -> int | None:
-    """The most tokens a sequence may have: max_len with learned positions (a table of that many rows), else no
-    limit. Training filters longer examples, evaluation cuts longer sentences, decoding stops there."""
-    return self.max_len if self.positional == 'learned' else None
+    """The most tokens a sequence may have: max_len with learned positions (a table of that many rows), and at
+    most max_positions if set; else no limit. Training filters longer examples, evaluation cuts longer sentences,
+    decoding stops there."""
+    limits = ([self.max_len] if self.positional == 'learned' else []) + (
+        [self.max_positions] if self.max_positions is not None else [])
+    return min(limits, default=None)
 
   def decode_length(self, input_length: int, max_len_offset: int) -> int:
     """Output tokens allowed for an input of `input_length` tokens: input + offset (§6.1), within the limit."""
@@ -129,6 +144,7 @@ def default_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
   config.d_k = ml_collections.config_dict.placeholder(int)
   config.d_v = ml_collections.config_dict.placeholder(int)
+  config.max_positions = ml_collections.config_dict.placeholder(int)
   return config
 
 

@@ -8,6 +8,7 @@ teacher-forced evaluation through `scoring`; the run directory's layout through 
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
 import time
 
@@ -127,7 +128,10 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   cleanup.enter_context(checkpoint.closing(manager))
   stop.watch(manager)
   latest, damaged = None, []
-  if manager.latest_step() is not None:
+  if manager.all_steps() == [0] and checkpoint.holds_params_only(manager, 0):  # an imported model (convert.py)
+    state, _ = steps.create_sharded_state(model, tx, train_cfg.seed, batch_shape, mesh, rules)
+    state = dataclasses.replace(state, params=checkpoint.restore_params(manager, 0, abstract.params))
+  elif manager.latest_step() is not None:
     if manager.latest_step() > train_cfg.num_steps:
       raise ValueError(f'{run_dir.checkpoints} holds step {manager.latest_step()}, past train.num_steps='
                        f'{train_cfg.num_steps}: nothing to train (nothing was changed); pass a larger '

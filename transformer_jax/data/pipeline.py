@@ -107,8 +107,11 @@ def _item_sides(item: tuple[str, str] | str) -> tuple[str, ...]:
 
 def encode_pair(tokenizer: Tokenizer, pair: tuple[str, str] | str) -> Example:
   """Source and target token ids, each followed by EOS; a document (str) is a 'targets' side alone."""
-  texts = (pair,) if isinstance(pair, str) else pair
-  return {key: np.array(tokenizer.encode(text) + [EOS_ID], np.int32) for key, text in zip(_item_sides(pair), texts)}
+  if isinstance(pair, str):
+    return {'targets': np.array(tokenizer.encode(pair) + [EOS_ID], np.int32)}
+  source, target = pair
+  return {'inputs': np.array(tokenizer.encode(source) + [EOS_ID], np.int32),
+          'targets': np.array(tokenizer.encode_target(target) + [EOS_ID], np.int32)}
 
 
 def _sides(example: Example) -> list[str]:

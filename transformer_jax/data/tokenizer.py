@@ -3,6 +3,10 @@
 The model is trained once from a seeded, bounded sample of the training pairs (both sides) or documents,
 saved atomically in the workdir (`Workdir.tokenizer_model`), and reused from there by later runs
 and by evaluation, so training, restarts and evaluation all see the same ids.
+
+A pre-trained checkpoint's tokenizer (`python -m transformer_jax.convert`) is a `PairTokenizer` instead: its own
+source and target SentencePiece models over one vocabulary of pieces, in our ids, kept beside `spm.model`'s place
+(PAIR_FILES); it is never retrained.
 """
 
 import io
@@ -43,8 +47,27 @@ class Tokenizer:
                        ' delete it and let load_or_train_tokenizer train a new one.')
 
   def encode(self, text: str) -> list[int]:
-    """Token ids of `text`, without EOS."""
+    """Token ids of `text` (a source sentence or a document), without EOS."""
     return self._sp.encode(text, out_type=int)
+
+  def encode_target(self, text: str) -> list[int]:
+    """Token ids of a target sentence, without EOS (one model: as `encode`)."""
+    return self.encode(text)
+
+  @property
+  def pieces(self) -> list[str]:
+    """The vocabulary's pieces in id order."""
+    return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+  @property
+  def files(self) -> dict[str, str]:
+    """{file name: path} of what defines this tokenizer (copied into exports)."""
+    return {os.path.basename(self.path): self.path}
+
+  @property
+  def spm_files(self) -> tuple[str, str]:
+    """The SentencePiece models of the source and of the target side: both this one."""
+    return self.path, self.path
 
   def decode(self, ids) -> str:
     """Text of `ids` up to the first EOS; PAD and BOS are skipped (e.g. a padded decoder row)."""
@@ -60,6 +83,88 @@ class Tokenizer:
   def piece_to_id(self, piece: str) -> int:
     """The id of one vocabulary piece (e.g. of another engine's output)."""
     return self._sp.piece_to_id(piece)
+
+
+SOURCE_SPM, TARGET_SPM, PIECES = 'source.spm', 'target.spm', 'pieces.json'  # pieces.json: {"pieces": [...]}
+PAIR_FILES = (SOURCE_SPM, TARGET_SPM, PIECES)
+SPECIAL_PIECES = {PAD_ID: '<pad>', EOS_ID: '</s>', BOS_ID: '<s>', UNK_ID: '<unk>'}
+
+
+class PairTokenizer:
+  """A source and a target SentencePiece model whose pieces map onto one vocabulary (`pieces`, in our ids, the
+  reserved ones first): a pre-trained checkpoint's tokenizer. A piece not in the vocabulary is UNK_ID."""
+
+  def __init__(self, directory: str):
+    self.path = directory
+    self._source, self._target = (_read_processor(os.path.join(directory, name)) for name in (SOURCE_SPM, TARGET_SPM))
+    pieces_file = os.path.join(directory, PIECES)
+    try:
+      pieces = files.read_json(pieces_file, 'vocabulary').get('pieces')
+    except FileNotFoundError:
+      raise ValueError(f'{pieces_file} is missing: convert the checkpoint again (python -m transformer_jax.convert).'
+                       ) from None
+    if not isinstance(pieces, list) or not all(isinstance(p, str) for p in pieces) or len(set(pieces)) != len(pieces):
+      raise ValueError(f'{pieces_file} is not a list of distinct pieces: convert the checkpoint again.')
+    special = {i: pieces[i] for i in SPECIAL_PIECES if i < len(pieces)}
+    if special != SPECIAL_PIECES:
+      raise ValueError(f'{pieces_file} starts with {special}, expected {SPECIAL_PIECES}: convert the checkpoint again.')
+    self.pieces = pieces
+    self._ids = {piece: i for i, piece in enumerate(pieces)}
+    self.vocab_size = len(pieces)
+    self.model_type = _MODEL_TYPE_NAMES.get(_trainer_spec(self._source.serialized_model_proto()).model_type, 'other')
+    self.model_proto = b''.join(_read_bytes(path) for path in self.files.values())  # identifies the tokenizer
+
+  @property
+  def files(self) -> dict[str, str]:
+    return {name: os.path.join(self.path, name) for name in PAIR_FILES}
+
+  @property
+  def spm_files(self) -> tuple[str, str]:
+    return self.files[SOURCE_SPM], self.files[TARGET_SPM]
+
+  def _ids_of(self, pieces: list[str]) -> list[int]:
+    return [self._ids.get(piece, UNK_ID) for piece in pieces]
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of a source sentence, without EOS."""
+    return self._ids_of(self._source.encode(text, out_type=str))
+
+  def encode_target(self, text: str) -> list[int]:
+    """Token ids of a target sentence, without EOS."""
+    return self._ids_of(self._target.encode(text, out_type=str))
+
+  def decode(self, ids) -> str:
+    """Target text of `ids` up to the first EOS; PAD and BOS are skipped."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self._target.decode_pieces([self.pieces[i] for i in ids if i not in (PAD_ID, BOS_ID)])
+
+  def id_to_piece(self, token_id: int) -> str:
+    return self.pieces[int(token_id)]
+
+  def piece_to_id(self, piece: str) -> int:
+    return self._ids.get(piece, UNK_ID)
+
+
+def _read_bytes(path: str) -> bytes:
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def _read_processor(path: str) -> spm.SentencePieceProcessor:
+  if not os.path.isfile(path):
+    raise ValueError(f'{path} is missing: convert the checkpoint again (python -m transformer_jax.convert).')
+  try:
+    return spm.SentencePieceProcessor(model_proto=_read_bytes(path))
+  except RuntimeError:
+    raise ValueError(f'{path} is not a SentencePiece model (truncated or damaged): restore it from the checkpoint '
+                     'directory it was converted from.') from None
+
+
+def is_pair(path: str) -> bool:
+  """Whether the tokenizer at `path` (a `Workdir.tokenizer_model`) is a `PairTokenizer` in its directory."""
+  return os.path.exists(os.path.join(os.path.dirname(path), PIECES))
 
 
 def _trainer_spec(model_proto: bytes):
@@ -105,7 +210,9 @@ def train_tokenizer(config: ml_collections.ConfigDict,
   return model.getvalue()
 
 
-def _read_tokenizer(path: str) -> Tokenizer:
+def _read_tokenizer(path: str) -> Tokenizer | PairTokenizer:
+  if is_pair(path):
+    return PairTokenizer(os.path.dirname(path))
   with open(path, 'rb') as f:
     model_proto = f.read()
   try:
@@ -123,7 +230,7 @@ def load_or_train_tokenizer(config: ml_collections.ConfigDict, path: str,
   checkpoint was trained with must not change). Multi-host runs use `for_training`.
   """
   tokenizer_section.validate(config)
-  if os.path.exists(path):
+  if os.path.exists(path) or is_pair(path):
     tokenizer = _read_tokenizer(path)
     saved = (tokenizer.vocab_size, tokenizer.model_type)
     if saved != (config.vocab_size, config.model_type):
@@ -156,7 +263,7 @@ def for_training(config: ml_collections.ConfigDict, path: str, train_pairs: Sequ
 
 def load_tokenizer(path: str) -> Tokenizer:
   """Loads the tokenizer a training run saved (`Workdir.tokenizer_model`) for evaluation and decoding."""
-  if not os.path.exists(path):
+  if not (os.path.exists(path) or is_pair(path)):
     raise FileNotFoundError(f'No tokenizer at {path}; train first (training creates it) or pass'
                             ' the workdir of a training run.')
   return _read_tokenizer(path)

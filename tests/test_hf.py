@@ -1,0 +1,177 @@
+"""transformers MarianMT interop: an imported checkpoint computes what `MarianMTModel` computes, an exported run loads
+in `transformers` and computes what ours computes, and the round trip gives the same parameters back.
+
+The MarianMT models are built here: a `MarianConfig` with random weights, and source and target SentencePiece models
+trained on the built-in corpus with a Marian-style vocab.json (eos 0, unk 1, pad last). Nothing is downloaded.
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+import transformers
+
+from transformer_jax import config as config_lib
+from transformer_jax import convert
+from transformer_jax import inference
+from transformer_jax import sharding
+from transformer_jax.data import sources
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.export import hf
+from transformer_jax.export import marian
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.tokens import EOS_ID
+import helpers
+
+# Two float32 engines sum in different orders; a mapping mistake (a transposed kernel, a permuted row, a missing
+# bias or scale) moves logits by far more.
+LOGITS_TOLERANCE = 1e-4
+SENTENCES = 8
+
+
+def _train_spm(texts, path, vocab_size):
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(path), vocab_size=vocab_size,
+                                 model_type='unigram', character_coverage=1.0, minloglevel=2, num_threads=1)
+  return f'{path}.model'
+
+
+def _pieces(model_file):
+  sp = spm.SentencePieceProcessor(model_file=model_file)
+  return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+
+
+def _corpus(count=2000):
+  split = sources.load_split(helpers.tiny_config().data, 'train')
+  return [split[i] for i in range(count)]
+
+
+def build_marian(directory, *, seed=0, **config):
+  """A MarianMT checkpoint in `directory`: random weights (every tensor, biases and LayerNorms included), its own
+  source (EN) and target (DE) SentencePiece models and a vocab.json in Marian's layout."""
+  os.makedirs(directory, exist_ok=True)
+  pairs = _corpus()
+  source = _train_spm([s for s, _ in pairs], os.path.join(directory, 'src'), 120)
+  target = _train_spm([t for _, t in pairs], os.path.join(directory, 'tgt'), 140)
+  pieces = list(dict.fromkeys(_pieces(source) + _pieces(target)))
+  vocab = {'</s>': 0, '<unk>': 1, **{piece: i + 2 for i, piece in enumerate(pieces)}}
+  vocab['<pad>'] = len(vocab)
+  settings = dict(vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32,
+                  decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+                  max_position_embeddings=64, activation_function='swish', scale_embedding=True,
+                  pad_token_id=len(vocab) - 1, eos_token_id=0, decoder_start_token_id=len(vocab) - 1,
+                  forced_eos_token_id=None, dropout=0.1)
+  settings.update(config)
+  torch.manual_seed(seed)
+  model = transformers.MarianMTModel(transformers.MarianConfig(**settings)).eval()
+  with torch.no_grad():
+    for name, tensor in model.named_parameters():
+      if 'embed_positions' in name:  # the sinusoid table, not a weight
+        continue
+      tensor.copy_(torch.randn_like(tensor) * 0.3 + (1.0 if 'layer_norm.weight' in name else 0.0))
+    model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias) * 0.3)
+    # A trained model never predicts its pad (never a target); a random one could, and a pad fed back to the decoder
+    # is a token to Marian but padding to us. The test model's pad logit is kept low, as training would.
+    model.final_logits_bias[0, settings['pad_token_id']] = -10.0
+  model.save_pretrained(directory)
+  shutil.move(source, os.path.join(directory, hf.SOURCE_SPM))
+  shutil.move(target, os.path.join(directory, hf.TARGET_SPM))
+  with open(os.path.join(directory, hf.VOCAB), 'w', encoding='utf-8') as f:
+    json.dump(vocab, f, ensure_ascii=False)
+  return model
+
+
+@pytest.fixture(scope='module')
+def imported(tmp_path_factory):
+  """A MarianMT checkpoint, its transformers model and tokenizer, and the workdir `convert` made of it."""
+  root = tmp_path_factory.mktemp('marian')
+  model = build_marian(root / 'hf')
+  convert.import_checkpoint(str(root / 'hf'), str(root / 'run'))
+  tokenizer = transformers.MarianTokenizer.from_pretrained(str(root / 'hf'))
+  return model, tokenizer, str(root / 'hf'), str(root / 'run')
+
+
+def _test_pairs(count=SENTENCES):
+  split = sources.load_split(helpers.tiny_config().data, 'test')
+  return [split[i] for i in range(count)]
+
+
+def _padded(rows, width=None):
+  out = np.zeros((len(rows), width or max(len(r) for r in rows)), np.int32)
+  for i, row in enumerate(rows):
+    out[i, :len(row)] = row
+  return out
+
+
+def _hf_logits(model, source_ids, target_ids, pad_id):
+  """MarianMTModel's teacher-forced logits: sources right-padded with its pad, targets shifted right after its
+  decoder start token."""
+  width = max(len(s) for s in source_ids)
+  inputs = torch.tensor([s + [pad_id] * (width - len(s)) for s in source_ids])
+  mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in source_ids])
+  t_width = max(len(t) for t in target_ids)
+  labels = torch.tensor([t + [pad_id] * (t_width - len(t)) for t in target_ids])
+  with torch.no_grad():
+    return model(input_ids=inputs, attention_mask=mask, labels=labels).logits.numpy()
+
+
+def _restore(workdir):
+  return inference.restore(config_lib.of_run(workdir), workdir)
+
+
+def test_imported_model_scores_targets_as_marian_does(imported):
+  model, tokenizer, _, workdir = imported
+  restored = _restore(workdir)
+  cfg = restored.model.config
+  assert (cfg.activation, cfg.sinusoids, cfg.scale_embeddings, cfg.attention_bias, cfg.logits_bias) == (
+      'swish', 'split', True, True, True)
+  order = marian.import_order(model.config.pad_token_id, 0, model.config.decoder_start_token_id, 1,
+                              model.config.vocab_size)
+  pairs = _test_pairs()
+  theirs_src = [tokenizer(s)['input_ids'] for s, _ in pairs]
+  theirs_tgt = [tokenizer(text_target=t)['input_ids'] for _, t in pairs]
+  ours_src = [restored.tokenizer.encode(s) + [EOS_ID] for s, _ in pairs]
+  ours_tgt = [restored.tokenizer.encode_target(t) + [EOS_ID] for _, t in pairs]
+  assert [[order[i] for i in row] for row in ours_src] == theirs_src  # the same pieces, our ids
+  assert [[order[i] for i in row] for row in ours_tgt] == theirs_tgt
+  assert any(s != t for s, t in zip(theirs_src, theirs_tgt))  # two SentencePiece models
+  ours = np.asarray(restored.model.apply({'params': restored.params}, _padded(ours_src), _padded(ours_tgt)))
+  theirs = _hf_logits(model, theirs_src, theirs_tgt, model.config.pad_token_id)
+  for i, row in enumerate(ours_tgt):
+    np.testing.assert_allclose(ours[i, :len(row)], theirs[i, :len(row)][:, order], rtol=0, atol=LOGITS_TOLERANCE)
+
+
+def _our_greedy(restored, source_ids, max_decode_len):
+  with restored.on_mesh():
+    batch = jax.make_array_from_process_local_data(sharding.batch_sharding(restored.mesh), _padded(source_ids))
+    tokens, _ = inference.generate(restored.members, batch, jax.random.key(0), method='greedy',
+                                   max_decode_len=max_decode_len)
+  return np.asarray(tokens)[:, 0]
+
+
+def _until_eos(row, eos):
+  row = [int(t) for t in row]
+  return row[:row.index(eos) + 1] if eos in row else row
+
+
+def test_imported_model_decodes_greedily_as_marian_generate(imported):
+  model, tokenizer, _, workdir = imported
+  restored = _restore(workdir)
+  order = marian.import_order(model.config.pad_token_id, 0, model.config.decoder_start_token_id, 1,
+                              model.config.vocab_size)
+  lines = [s for s, _ in _test_pairs()]
+  max_decode_len = 20
+  ours = _our_greedy(restored, [restored.tokenizer.encode(s) + [EOS_ID] for s in lines], max_decode_len)
+  batch = tokenizer(lines, return_tensors='pt', padding=True)
+  with torch.no_grad():
+    theirs = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=max_decode_len).numpy()[:, 1:]
+  ours = [[order[i] for i in _until_eos(row, EOS_ID)] for row in ours]
+  theirs = [_until_eos(row, 0) for row in theirs]
+  assert len({tuple(row) for row in theirs}) > 1
+  assert ours == theirs
