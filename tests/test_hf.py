@@ -97,8 +97,10 @@ def imported(tmp_path_factory):
   return model, tokenizer, str(root / 'hf'), str(root / 'run')
 
 
-def _test_pairs(count=SENTENCES):
-  split = sources.load_split(helpers.tiny_config().data, 'test')
+def _test_pairs(count=SENTENCES, workdir=None):
+  """The first test pairs of the built-in corpus (of a run's config, else of the tiny one)."""
+  data = config_lib.of_run(workdir).data if workdir else helpers.tiny_config().data
+  split = sources.load_split(data, 'test')
   return [split[i] for i in range(count)]
 
 
@@ -175,3 +177,67 @@ def test_imported_model_decodes_greedily_as_marian_generate(imported):
   theirs = [_until_eos(row, 0) for row in theirs]
   assert len({tuple(row) for row in theirs}) > 1
   assert ours == theirs
+
+
+# --- export: a run trained by train.py (conftest's first seeded run) as a MarianMT directory
+
+
+@pytest.fixture(scope='module')
+def exported(entry_points, seeded_runs, tmp_path_factory):
+  workdir = seeded_runs[0]
+  out = tmp_path_factory.mktemp('export') / 'marian'
+  result = entry_points.run(['-m', 'transformer_jax.export', f'--workdir={workdir}', '--format=transformers',
+                             f'--out={out}'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  return workdir, str(out)
+
+
+@pytest.mark.slow
+def test_exported_run_scores_targets_as_ours_does(exported):
+  workdir, out = exported
+  restored = _restore(workdir)
+  model = transformers.MarianMTModel.from_pretrained(out).eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  assert isinstance(tokenizer, transformers.MarianTokenizer)
+  pairs = _test_pairs(32, workdir)
+  ours_src = [restored.tokenizer.encode(s) + [EOS_ID] for s, _ in pairs]
+  ours_tgt = [restored.tokenizer.encode_target(t) + [EOS_ID] for _, t in pairs]
+  assert [tokenizer(s)['input_ids'] for s, _ in pairs] == ours_src  # our ids, kept
+  assert [tokenizer(text_target=t)['input_ids'] for _, t in pairs] == ours_tgt
+  ours = np.asarray(restored.model.apply({'params': restored.params}, _padded(ours_src), _padded(ours_tgt)))
+  theirs = _hf_logits(model, ours_src, ours_tgt, model.config.pad_token_id)
+  for i, row in enumerate(ours_tgt):
+    np.testing.assert_allclose(theirs[i, :len(row)], ours[i, :len(row)], rtol=0, atol=LOGITS_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_exported_run_generates_and_translates_as_our_greedy_search(exported):
+  workdir, out = exported
+  restored = _restore(workdir)
+  model = transformers.MarianMTModel.from_pretrained(out).eval()
+  tokenizer = transformers.MarianTokenizer.from_pretrained(out)
+  lines = [s for s, _ in _test_pairs(32, workdir)]
+  max_decode_len = 40
+  ours = _our_greedy(restored, [restored.tokenizer.encode(s) + [EOS_ID] for s in lines], max_decode_len)
+  with torch.no_grad():
+    theirs = model.generate(**tokenizer(lines, return_tensors='pt', padding=True), num_beams=1, do_sample=False,
+                            max_new_tokens=max_decode_len).numpy()[:, 1:]
+  assert [_until_eos(row, EOS_ID) for row in theirs] == [_until_eos(row, EOS_ID) for row in ours]
+  assert len({tuple(row) for row in ours}) >= len(lines) // 4  # not one output for every sentence
+  # transformers 5 removed pipeline('translation'); generate + batch_decode is what it ran.
+  texts = tokenizer.batch_decode(torch.tensor(theirs), skip_special_tokens=True)
+  assert texts == inference.translate_lines(restored, lines, method='greedy')
+
+
+@pytest.mark.slow
+def test_exported_directory_holds_a_model_card_with_config_data_and_scores(exported):
+  workdir, out = exported
+  with open(os.path.join(out, 'README.md'), encoding='utf-8') as f:
+    card = f.read()
+  with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
+    results = json.load(f)
+  assert f'| bleu | {results["bleu"]:.2f} | `{results["bleu_signature"]}` |' in card
+  assert f'| chrf | {results["chrf"]:.2f} | `{results["chrf_signature"]}` |' in card
+  assert 'the built-in EN→DE corpus' in card and '"d_model": 64' in card
+  assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'generation_config.json', 'model.safetensors',
+                                     'source.spm', 'target.spm', 'tokenizer_config.json', 'vocab.json']

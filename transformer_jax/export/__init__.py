@@ -1,18 +1,22 @@
 """Export for serving: a trained model as a CTranslate2 model directory (the same network, CT2's weight layout).
 
 How our model maps onto CTranslate2's Transformer (checked against its C++ layers, version 4.8):
-- token embeddings ×√d_model: CT2's `scale_embeddings` multiplies by √(embedding width) = √d_model;
+- token embeddings ×√d_model: CT2's `scale_embeddings` multiplies by √(embedding width) = √d_model (off when
+  `model.scale_embeddings` is);
 - positions: CT2's built-in sinusoids are OpenNMT-tf's (all sines then all cosines, positions counted from 1),
-  ours interleave sin/cos from position 0 (§3.5), so the table is written out as `position_encodings`
-  (sinusoidal: max(max_len, 1024) rows, 1024 being CT2's default max_input_length; learned: the trained table);
+  ours start from position 0 (§3.5), so the table is written out as `position_encodings`
+  (sinusoidal, in the model's layout: `model.max_positions` rows, else max(max_len, 1024), 1024 being CT2's
+  default max_input_length; learned: the trained table);
+- the FFN activation (ReLU, GELU, swish), attention biases and the logits bias where the model has them;
 - shared source/target/pre-softmax weights: one matrix, stored once (CT2 aliases equal variables);
 - post-LN or pre-LN (`pre_norm`, with the final LayerNorm of pre-LN stacks); our LayerNorm epsilon goes into
   config.json, which CT2 reads;
 - attention projections without bias (optional in CT2), query/key/value fused in CT2's order; a head size
   d_k ≠ d_model/h is CT2's `head_dim`, which also sets its 1/√d_k query scale;
-- vocabulary: the SentencePiece pieces in id order (<pad> 0, </s> 1 = EOS, <s> 2 = BOS, the decoder's start
+- vocabulary: the tokenizer's pieces in id order (<pad> 0, </s> 1 = EOS, <s> 2 = BOS, the decoder's start
   token, <unk> 3); CT2 appends </s> to the source itself, so clients pass SentencePiece pieces unchanged.
-  The SentencePiece model is copied into the directory as spm.model.
+  The tokenizer's files are copied into the directory: spm.model, or an imported checkpoint's source.spm,
+  target.spm and pieces.json.
 - what CT2's files cannot say goes into transformer_jax.json: the run's `model` and `decode` config sections, for
   `translate --engine=ctranslate2` (`serving.py`): beam size, max output length (input + max_len_offset, within
   learned positions) and max input length as ours. The length penalty is not the same: ours divides by
@@ -35,39 +39,47 @@ import numpy as np
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.export import marian
 from transformer_jax.model import sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.sections import decode as decode_section
-from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.tokens import BOS_ID, EOS_ID, UNK_ID
 
 # Weight types of the exported model. CT2 computes in a type the device supports: on a CPU without float16
 # arithmetic, 'float16' runs as float32 and 'int8_float16' as int8 with float32 (the GPU types).
 QUANTIZATIONS = (None, 'float32', 'int8', 'int8_float16', 'float16')
-SINUSOIDAL_POSITIONS = 1024
-SPECIAL_PIECES = {PAD_ID: '<pad>', EOS_ID: '</s>', BOS_ID: '<s>', UNK_ID: '<unk>'}
+SPECIAL_PIECES = tokenizer_lib.SPECIAL_PIECES
 SPM_FILE = 'spm.model'
+_ACTIVATIONS = {'relu': common_spec.Activation.RELU, 'gelu': common_spec.Activation.GELU,
+                'swish': common_spec.Activation.SWISH}
 SETTINGS_FILE = 'transformer_jax.json'  # {'model': the model section, 'decode': the decode section}
 
 
-def export_ctranslate2(model_config: ModelConfig, params, spm_model_path: str | os.PathLike,
-                       out_dir: str | os.PathLike, quantization: str | None = None, decode=None) -> Path:
+def export_ctranslate2(model_config: ModelConfig, params, tokenizer, out_dir: str | os.PathLike,
+                       quantization: str | None = None, decode=None) -> Path:
   """Writes `params` of a model built from `model_config` (a ModelConfig or the config's `model` section) as a
   CTranslate2 model directory `out_dir` (new or empty; written whole or not at all), for
   `ctranslate2.Translator(out_dir)`, with the run's `decode` section (default: the section's defaults) in
-  SETTINGS_FILE. Returns out_dir."""
+  SETTINGS_FILE. `tokenizer`: the run's tokenizer, or the path of its SentencePiece model. Returns out_dir."""
   if not isinstance(model_config, ModelConfig):
     model_config = ModelConfig.from_dict(model_config)
   check_exportable(model_config, quantization, out_dir)
   out_dir = Path(out_dir)
   decode = decode_section.default_config() if decode is None else decode
   settings = {'model': dataclasses.asdict(model_config), 'decode': dict(decode.items())}
-  vocabulary = spm_vocabulary(spm_model_path, model_config.vocab_size)
+  if isinstance(tokenizer, (str, os.PathLike)):
+    vocabulary, tokenizer_files = spm_vocabulary(tokenizer, model_config.vocab_size), {SPM_FILE: str(tokenizer)}
+  else:
+    vocabulary, tokenizer_files = tokenizer.pieces, tokenizer.files
+    tokenizer_lib.check_vocab_size(tokenizer, model_config.vocab_size)
   # Writable float32 copies: CT2 quantizes the arrays it is given in place.
   weights = jax.tree.map(lambda x: np.array(x, np.float32), jax.device_get(nn.unbox(params)))
   spec = transformer_model_spec(model_config, weights)
   spec.register_source_vocabulary(vocabulary)
   spec.register_target_vocabulary(vocabulary)
-  spec.register_file(str(spm_model_path), SPM_FILE)
+  for name, path in tokenizer_files.items():
+    spec.register_file(path, name)
   spec.validate()
   spec.optimize(quantization=quantization)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -125,10 +137,11 @@ def transformer_model_spec(cfg: ModelConfig, weights) -> transformer_spec.Transf
   """CT2's TransformerSpec of `cfg` holding `weights` (our params as float32 numpy arrays)."""
   pre = cfg.norm == 'pre'
   head_dim = cfg.head_dim_k if cfg.head_dim_k * cfg.num_heads != cfg.d_model else None
-  common = dict(pre_norm=pre, no_final_norm=not pre, activation=common_spec.Activation.RELU, head_dim=head_dim)
+  common = dict(pre_norm=pre, no_final_norm=not pre, activation=_ACTIVATIONS[cfg.activation], head_dim=head_dim)
   spec = transformer_spec.TransformerSpec(
       transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **common),
       transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **common))
+  spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = cfg.scale_embeddings
   spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   spec.config.unk_token, spec.config.bos_token = SPECIAL_PIECES[UNK_ID], SPECIAL_PIECES[BOS_ID]
   spec.config.eos_token, spec.config.decoder_start_token = SPECIAL_PIECES[EOS_ID], SPECIAL_PIECES[BOS_ID]
@@ -144,6 +157,8 @@ def transformer_model_spec(cfg: ModelConfig, weights) -> transformer_spec.Transf
   spec.encoder.embeddings[0].weight = source
   spec.decoder.embeddings.weight = target
   spec.decoder.projection.weight = np.ascontiguousarray(output)
+  if cfg.logits_bias:
+    spec.decoder.projection.bias = _get(weights, 'decoder', 'logits_bias')
 
   for side, stack in (('encoder', spec.encoder), ('decoder', spec.decoder)):
     stack.position_encodings.encodings = _positions(cfg, weights, side)
@@ -173,31 +188,40 @@ def _get(tree, *path):
 def _positions(cfg: ModelConfig, weights, side: str) -> np.ndarray:
   if cfg.positional == 'learned':
     return _get(weights, side, 'embedder', 'position_embedding', 'embedding')
-  rows = max(cfg.max_len, SINUSOIDAL_POSITIONS)
-  return np.asarray(sinusoidal_encoding(jnp.arange(rows), cfg.d_model), np.float32)
+  rows = marian.max_positions(cfg)
+  return np.asarray(sinusoidal_encoding(jnp.arange(rows), cfg.d_model, cfg.sinusoids), np.float32)
 
 
 def _set_norm(spec, w) -> None:
   spec.gamma, spec.beta = _get(w, 'scale'), _get(w, 'bias')
 
 
-def _input_projection(w) -> np.ndarray:
-  """A [d_model, heads, d] kernel as CT2's [heads·d, d_model] weight (head-major rows, as CT2 splits them)."""
+def _input_projection(w) -> tuple[np.ndarray, np.ndarray | None]:
+  """A [d_model, heads, d] kernel as CT2's [heads·d, d_model] weight (head-major rows, as CT2 splits them), and its
+  [heads, d] bias flat (None without one)."""
   kernel = _get(w, 'kernel')
-  return kernel.reshape(kernel.shape[0], -1).T
+  return kernel.reshape(kernel.shape[0], -1).T, (w['bias'].reshape(-1) if 'bias' in w else None)
+
+
+def _set_linear(spec, weight: np.ndarray, bias: np.ndarray | None) -> None:
+  spec.weight = np.ascontiguousarray(weight)
+  if bias is not None:
+    spec.bias = np.ascontiguousarray(bias)
 
 
 def _set_attention(spec, layer_weights, name: str, *, fused_qkv: bool) -> None:
   """CT2's attention: linear_0 = [q; k; v] (self) or q with linear_1 = [k; v] (cross); the last = output."""
   w = _get(layer_weights, name)
-  query, key, value = (_input_projection(_get(w, part)) for part in ('query', 'key', 'value'))
+  (query, q_bias), (key, k_bias), (value, v_bias) = (_input_projection(_get(w, part))
+                                                     for part in ('query', 'key', 'value'))
+  joined = lambda *biases: None if biases[0] is None else np.concatenate(biases)
   if fused_qkv:
-    spec.linear[0].weight = np.concatenate([query, key, value])
+    _set_linear(spec.linear[0], np.concatenate([query, key, value]), joined(q_bias, k_bias, v_bias))
   else:
-    spec.linear[0].weight = np.ascontiguousarray(query)
-    spec.linear[1].weight = np.concatenate([key, value])
+    _set_linear(spec.linear[0], query, q_bias)
+    _set_linear(spec.linear[1], np.concatenate([key, value]), joined(k_bias, v_bias))
   out = _get(w, 'out', 'kernel')  # [heads, d_v, d_model]
-  spec.linear[-1].weight = np.ascontiguousarray(out.reshape(-1, out.shape[-1]).T)
+  _set_linear(spec.linear[-1], out.reshape(-1, out.shape[-1]).T, _get(w, 'out').get('bias'))
   _set_norm(spec.layer_norm, _get(layer_weights, f'{name}_block', 'norm'))
 
 

@@ -25,7 +25,7 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MARIAN_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers use
-SINUSOIDAL_POSITIONS = 1024  # positions of an export whose model has no limit (also CTranslate2's default)
+SINUSOIDAL_POSITIONS = 1024  # positions of an export whose model has no limit (CTranslate2's default input length)
 ACTIVATIONS = {'relu': 'relu', 'gelu': 'gelu', 'swish': 'swish', 'silu': 'swish'}  # Marian's name: ours
 # Our sublayers and their Marian names within a layer.
 _ATTENTIONS = {'self_attention': 'self_attn', 'cross_attention': 'encoder_attn'}
