@@ -74,6 +74,8 @@ def import_checkpoint(directory: str, workdir: str) -> ModelConfig:
   section = marian.model_config(source.config, os.path.join(directory, hf.CONFIG),
                                 attention_bias=marian.has_attention_bias(source.tensors),
                                 logits_bias=marian.has_logits_bias(source.tensors), vocab_size=len(order))
+  config = config_lib.base_config()
+  section['max_len'] = min(config.model.max_len, section['max_positions'])  # also pipeline.max_length
   cfg = ModelConfig(**section)
   params = marian.from_state_dict(cfg, source.tensors, order, directory)
   _check_shapes(cfg, params, directory)
@@ -88,9 +90,7 @@ def import_checkpoint(directory: str, workdir: str) -> ModelConfig:
                          json.dumps({'pieces': pieces}, ensure_ascii=False))
   tok = tokenizer_lib.load_tokenizer(run.tokenizer_model)
 
-  config = config_lib.base_config()
   config.model.update(section)  # vocab_size also sets tokenizer.vocab_size
-  config.model.max_len = min(config.model.max_len, cfg.max_positions)  # also pipeline.max_length
   config.tokenizer.model_type = tok.model_type
   run.save_config(config)
   manager = checkpoint.make_manager(run.checkpoints, async_save=False)
