@@ -19,12 +19,14 @@ import transformers
 
 from transformer_jax import config as config_lib
 from transformer_jax import convert
+from transformer_jax import export
 from transformer_jax import inference
 from transformer_jax import sharding
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.export import hf
 from transformer_jax.export import marian
+from transformer_jax.export import serving
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import EOS_ID
@@ -243,6 +245,20 @@ def test_exported_directory_holds_a_model_card_with_config_data_and_scores(expor
                                      'source.spm', 'target.spm', 'tokenizer_config.json', 'vocab.json']
 
 
+# --- the imported workdir with our other tools
+
+
+def test_the_imported_workdir_exports_to_ctranslate2_and_decodes_as_we_do(imported, tmp_path):
+  """CTranslate2 holds Marian's options too (swish, biases, the logits bias, split sinusoids, two SentencePiece
+  models): its greedy outputs are ours, token for token."""
+  _, _, _, workdir = imported
+  restored = _restore(workdir)
+  out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer, tmp_path / 'ct2')
+  served = serving.translate_lines(str(out), [s for s, _ in _test_pairs()], beam_size=1)
+  assert served == inference.translate_lines(restored, [s for s, _ in _test_pairs()], method='greedy')
+  assert len(set(served)) > 1
+
+
 # --- the round trip
 
 
@@ -285,3 +301,117 @@ def test_a_paper_model_exports_with_its_features_permuted_and_scores_as_before(i
   ours = Transformer(cfg.replace(layer_norm_epsilon=marian.MARIAN_EPSILON)).apply({'params': params}, src, tgt)
   theirs = Transformer(imported_cfg).apply({'params': back}, src, tgt)
   np.testing.assert_allclose(np.asarray(theirs)[tgt > 0], np.asarray(ours)[tgt > 0], rtol=0, atol=LOGITS_TOLERANCE)
+
+
+# --- bad inputs: one line naming the file and what to do, nothing written
+
+
+def _damage(directory, case):
+  """Turns a copy of a MarianMT checkpoint into one bad input; returns the name the error must give."""
+  config_file = os.path.join(directory, hf.CONFIG)
+  with open(config_file, encoding='utf-8') as f:
+    config = json.load(f)
+  if case == 'not_marian':
+    config['model_type'] = 'bert'
+  elif case == 'unsupported':
+    config['activation_function'] = 'tanh'
+  if case in ('not_marian', 'unsupported'):
+    with open(config_file, 'w', encoding='utf-8') as f:
+      json.dump(config, f)
+    return config_file
+  if case == 'no_config':
+    os.remove(config_file)
+    return directory
+  if case == 'missing_tokenizer':
+    os.remove(os.path.join(directory, hf.TARGET_SPM))
+    return os.path.join(directory, hf.TARGET_SPM)
+  helpers.truncate(os.path.join(directory, hf.SAFETENSORS))
+  return os.path.join(directory, hf.SAFETENSORS)
+
+
+BAD_CHECKPOINTS = {
+    'not_marian': "not a MarianMT one",
+    'no_config': 'it is not a transformers checkpoint',
+    'unsupported': "activation_function='tanh'",
+    'missing_tokenizer': 'copy them from where the model came from',
+    'truncated': 'truncated or damaged; download it again',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('case', BAD_CHECKPOINTS)
+def test_a_bad_checkpoint_is_one_line_naming_the_file(entry_points, imported, tmp_path, case):
+  _, _, directory, _ = imported
+  bad = tmp_path / 'hf'
+  shutil.copytree(directory, bad)
+  named = _damage(str(bad), case)
+  result = entry_points.run(['-m', 'transformer_jax.convert', f'--from_hf={bad}', f'--workdir={tmp_path / "run"}'],
+                            text=True)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 1 and len(lines) == 1, result.stderr
+  assert named in lines[0] and BAD_CHECKPOINTS[case] in lines[0]
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_a_hub_id_not_in_the_local_cache_says_how_to_fetch_it(entry_points, tmp_path):
+  result = entry_points.run(['-m', 'transformer_jax.convert', '--from_hf=nobody-here/no-such-model',
+                             f'--workdir={tmp_path / "run"}'], text=True)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 1 and len(lines) == 1, result.stderr
+  assert 'hf download nobody-here/no-such-model' in lines[0]
+
+
+@pytest.mark.slow
+def test_the_export_refuses_what_marian_cannot_hold_before_restoring(entry_points, seeded_runs, tmp_path):
+  with open(os.path.join(seeded_runs[0], 'config.json'), encoding='utf-8') as f:
+    saved = json.load(f)
+  saved['model'].update(norm='pre', positional='learned')
+  run = tmp_path / 'run'  # a config and no checkpoints: the refusal comes first
+  run.mkdir()
+  (run / 'config.json').write_text(json.dumps(saved), encoding='utf-8')
+  result = entry_points.run(['-m', 'transformer_jax.export', f'--workdir={run}', '--format=transformers',
+                             f'--out={tmp_path / "out"}'], text=True)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 1 and len(lines) == 1, result.stderr
+  assert 'MarianMT cannot hold pre-LN layers' in lines[0] and 'learned positions' in lines[0]
+  assert not (tmp_path / 'out').exists()
+
+
+# --- fine-tuning the imported workdir with train.py
+
+
+FINE_TUNE = ['--config.data.builtin_train_size=2000', '--config.data.builtin_eval_size=16', '--config.model.max_len=32',
+             '--config.pipeline.packed_length=32', '--config.pipeline.batch_size=8', '--config.pipeline.read_threads=1',
+             '--config.mesh.shape.data=-1', '--config.mesh.shape.fsdp=1', '--config.mesh.shape.tensor=1',
+             '--config.train.warmup_steps=2', '--config.train.log_every=1', '--config.train.eval_every=1000',
+             '--config.train.eval_batches=1', '--config.train.checkpoint_every=2', '--config.eval.batch_size=16',
+             '--config.eval.average_last=2', '--config.eval.num_samples=1', '--config.decode.batch_size=16',
+             '--config.decode.beam_size=1', '--config.decode.max_len_offset=4']
+
+
+@pytest.mark.slow
+def test_the_imported_workdir_fine_tunes_resumes_exactly_and_evaluates(entry_points, imported, tmp_path):
+  _, _, _, workdir = imported
+  runs = {name: str(tmp_path / name) for name in ('straight', 'resumed')}
+  for run in runs.values():
+    shutil.copytree(workdir, run)
+
+  def train(run, steps):
+    args = [helpers.TRAIN_PY, f'--config={os.path.join(helpers.REPO, "configs", "fine_tune.py")}:{run}',
+            f'--workdir={run}', f'--config.train.num_steps={steps}', *FINE_TUNE]
+    result = entry_points.run(args, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+  train(runs['straight'], 4)
+  train(runs['resumed'], 2)
+  train(runs['resumed'], 4)
+  straight, resumed = helpers.losses_by_step(runs['straight']), helpers.losses_by_step(runs['resumed'])
+  assert sorted(straight) == [1, 2, 3, 4] and straight == resumed
+  assert helpers.checkpoint_steps(runs['resumed']) == [0, 2, 4]
+  with open(os.path.join(runs['straight'], 'results.json'), encoding='utf-8') as f:
+    results = json.load(f)
+  assert results['averaged_steps'] == [2, 4] and results['num_sentences'] == 16  # the final report's test split
+  imported_params = jax.device_get(_restore(workdir).params)
+  tuned = jax.device_get(_restore(runs['straight']).params)
+  assert not np.array_equal(tuned['shared_embedding']['embedding'], imported_params['shared_embedding']['embedding'])

@@ -25,7 +25,8 @@ def _scores(workdir: str) -> str:
   if not os.path.isfile(path):
     return 'No test scores: the run has no results.json (evaluate it with `python eval.py --workdir=...`).\n'
   results = files.read_json(path, 'results file')
-  lines = [f'On the `{results.get("split", "test")}` split, params of step(s) {results.get("steps")}:', '',
+  lines = [f'On the `{results.get("split", "test")}` split ({results.get("num_sentences")} sentences), params of '
+           f'step(s) {results.get("averaged_steps")}:', '',
            '| metric | score | sacrebleu signature |', '|---|---:|---|']
   for metric in ('bleu', 'chrf', 'chrf++'):
     if metric in results:
