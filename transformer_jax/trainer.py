@@ -131,6 +131,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   if manager.all_steps() == [0] and checkpoint.holds_params_only(manager, 0):  # an imported model (convert.py)
     state, _ = steps.create_sharded_state(model, tx, train_cfg.seed, batch_shape, mesh, rules)
     state = dataclasses.replace(state, params=checkpoint.restore_params(manager, 0, abstract.params))
+    logging.info('training starts from the imported params of step 0 in %s', run_dir.checkpoints)
   elif manager.latest_step() is not None:
     if manager.latest_step() > train_cfg.num_steps:
       raise ValueError(f'{run_dir.checkpoints} holds step {manager.latest_step()}, past train.num_steps='
