@@ -10,7 +10,6 @@ import os
 import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -23,7 +22,6 @@ from transformer_jax import export
 from transformer_jax import inference
 from transformer_jax import sharding
 from transformer_jax.data import sources
-from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.export import hf
 from transformer_jax.export import marian
 from transformer_jax.export import serving
@@ -194,14 +192,18 @@ def exported(entry_points, seeded_runs, tmp_path_factory):
   return workdir, str(out)
 
 
-@pytest.mark.slow
-def test_exported_run_scores_targets_as_ours_does(exported):
+def _load(exported):
+  """Our restored run, the export's MarianMTModel and its tokenizer (by AutoTokenizer), and 32 test pairs."""
   workdir, out = exported
-  restored = _restore(workdir)
-  model = transformers.MarianMTModel.from_pretrained(out).eval()
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   assert isinstance(tokenizer, transformers.MarianTokenizer)
-  pairs = _test_pairs(32, workdir)
+  return (_restore(workdir), transformers.MarianMTModel.from_pretrained(out).eval(), tokenizer,
+          _test_pairs(32, workdir))
+
+
+@pytest.mark.slow
+def test_exported_run_scores_targets_as_ours_does(exported):
+  restored, model, tokenizer, pairs = _load(exported)
   ours_src = [restored.tokenizer.encode(s) + [EOS_ID] for s, _ in pairs]
   ours_tgt = [restored.tokenizer.encode_target(t) + [EOS_ID] for _, t in pairs]
   assert [tokenizer(s)['input_ids'] for s, _ in pairs] == ours_src  # our ids, kept
@@ -214,11 +216,8 @@ def test_exported_run_scores_targets_as_ours_does(exported):
 
 @pytest.mark.slow
 def test_exported_run_generates_and_translates_as_our_greedy_search(exported):
-  workdir, out = exported
-  restored = _restore(workdir)
-  model = transformers.MarianMTModel.from_pretrained(out).eval()
-  tokenizer = transformers.MarianTokenizer.from_pretrained(out)
-  lines = [s for s, _ in _test_pairs(32, workdir)]
+  restored, model, tokenizer, pairs = _load(exported)
+  lines = [s for s, _ in pairs]
   max_decode_len = 40
   ours = _our_greedy(restored, [restored.tokenizer.encode(s) + [EOS_ID] for s in lines], max_decode_len)
   with torch.no_grad():

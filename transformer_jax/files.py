@@ -1,10 +1,13 @@
 """One reader (and writer) for each kind of file the project reads from users or writes into a run: UTF-8 text
-lines, JSON objects, Python files (configs, sweeps). Every failure is one line naming the file and what to do."""
+lines, JSON objects, Python files (configs, sweeps), export directories written whole or not at all. Every failure is one line naming the file and what to do."""
 
 import codecs
+import contextlib
 import importlib.util
 import json
 import os
+import pathlib
+import shutil
 import sys
 import tempfile
 import types
@@ -90,3 +93,30 @@ def load_python(path: str, function: str, what: str) -> types.ModuleType:
   if not callable(getattr(module, function, None)):
     raise ValueError(f'{what} {path} defines no {function}().')
   return module
+
+
+def check_new_directory(path) -> None:
+  """Refuses, in one line, a `path` that exists and is not an empty directory (an export's output)."""
+  path = pathlib.Path(path)
+  if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    raise ValueError(f'{path} exists and is not an empty directory: pass a new export directory.')
+
+
+@contextlib.contextmanager
+def staged_directory(path):
+  """Yields a new directory beside `path` (new or empty) to fill; it becomes `path` when the block ends, and is
+  removed if the block fails: a reader never sees half a directory."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(staging, 0o777 & ~umask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
+  try:
+    yield staging
+    if path.exists():
+      path.rmdir()
+    os.rename(staging, path)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise

@@ -28,8 +28,6 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import flax.linen as nn
@@ -39,6 +37,7 @@ import numpy as np
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
+from transformer_jax import files
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.export import marian
 from transformer_jax.model import sinusoidal_encoding
@@ -82,21 +81,10 @@ def export_ctranslate2(model_config: ModelConfig, params, tokenizer, out_dir: st
     spec.register_file(path, name)
   spec.validate()
   spec.optimize(quantization=quantization)
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f'.{out_dir.name}.', dir=out_dir.parent)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(staging, 0o777 & ~umask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
-  try:
+  with files.staged_directory(out_dir) as staging:
     spec.save(staging)
     with open(os.path.join(staging, SETTINGS_FILE), 'w', encoding='utf-8') as f:
       json.dump(settings, f, indent=2)
-    if out_dir.exists():
-      out_dir.rmdir()
-    os.rename(staging, out_dir)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
   return out_dir
 
 
@@ -104,8 +92,8 @@ def check_exportable(model_config: ModelConfig, quantization: str | None = None,
                      out_dir: str | os.PathLike | None = None) -> None:
   """Refuses what CTranslate2 cannot represent (and an `out_dir` that holds files), in one line that says what to
   do."""
-  if out_dir is not None and Path(out_dir).exists() and (not Path(out_dir).is_dir() or any(Path(out_dir).iterdir())):
-    raise ValueError(f'{out_dir} exists and is not an empty directory: pass a new export directory.')
+  if out_dir is not None:
+    files.check_new_directory(out_dir)
   if quantization not in QUANTIZATIONS:
     raise ValueError(f'quantization={quantization!r}: use one of {QUANTIZATIONS}.')
   if model_config.decoder_only:

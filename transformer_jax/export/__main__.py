@@ -17,7 +17,7 @@ from absl import flags
 from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import export
-from transformer_jax import restoring
+from transformer_jax import files
 from transformer_jax.export import card
 from transformer_jax.export import hf
 from transformer_jax.export import marian
@@ -45,7 +45,7 @@ def main(argv):
     if _QUANTIZATION.value:
       raise ValueError('--quantization applies to --format=ctranslate2; a transformers export holds float32 weights.')
     marian.check_exportable(model_config)
-    hf.check_out_dir(_OUT.value)
+    files.check_new_directory(_OUT.value)
   else:
     export.check_exportable(model_config, _QUANTIZATION.value, _OUT.value)
   restored = restoring.restore(config, workdir, step=step, average_last=_CHECKPOINTS.average_last)

@@ -10,11 +10,9 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from transformer_jax import files
-from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.export import marian
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -92,25 +90,14 @@ def _read_tensors(directory: str) -> dict:
   raise ValueError(f'{directory} holds neither {SAFETENSORS} nor {PYTORCH}: copy the model weights there.')
 
 
-def check_out_dir(out_dir) -> None:
-  if Path(out_dir).exists() and (not Path(out_dir).is_dir() or any(Path(out_dir).iterdir())):
-    raise ValueError(f'{out_dir} exists and is not an empty directory: pass a new export directory.')
-
-
 def write(cfg: ModelConfig, params, tokenizer, out_dir, *, decode, card: str) -> Path:
   """Writes `params` (unrolled numpy) of model `cfg` as a MarianMT directory `out_dir` (new or empty; whole or not at
-  all) that `MarianMTModel`, `MarianTokenizer` and `pipeline('translation')` load, with `card` as README.md."""
+  all) that `MarianMTModel`, `MarianTokenizer` and `AutoTokenizer` load, with `card` as README.md."""
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   marian.check_exportable(cfg)
-  check_out_dir(out_dir)
-  out_dir = Path(out_dir)
+  files.check_new_directory(out_dir)
   positions = marian.max_positions(cfg)
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f'.{out_dir.name}.', dir=out_dir.parent)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(staging, 0o777 & ~umask)
-  try:
+  with files.staged_directory(out_dir) as staging:
     save_file(marian.to_state_dict(cfg, params), os.path.join(staging, SAFETENSORS), metadata={'format': 'pt'})
     _write_json(staging, CONFIG, marian.marian_config(cfg))
     _write_json(staging, 'generation_config.json', {
@@ -126,13 +113,7 @@ def write(cfg: ModelConfig, params, tokenizer, out_dir, *, decode, card: str) ->
     shutil.copyfile(target, os.path.join(staging, TARGET_SPM))
     with open(os.path.join(staging, 'README.md'), 'w', encoding='utf-8') as f:
       f.write(card)
-    if out_dir.exists():
-      out_dir.rmdir()
-    os.rename(staging, out_dir)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
-  return out_dir
+  return Path(out_dir)
 
 
 def _write_json(directory: str, name: str, value) -> None:

@@ -22,7 +22,7 @@ one line (`check_exportable`).
 import numpy as np
 
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID
 
 MARIAN_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers use
 SINUSOIDAL_POSITIONS = 1024  # positions of an export whose model has no limit (CTranslate2's default input length)
@@ -58,13 +58,12 @@ def max_positions(cfg: ModelConfig) -> int:
 
 def marian_config(cfg: ModelConfig) -> dict:
   """The MarianConfig keywords of `cfg` (token ids are ours: pad 0, eos 1, decoder start = BOS 2)."""
-  activation = {'relu': 'relu', 'gelu': 'gelu', 'swish': 'swish'}[cfg.activation]
   return dict(
       vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
       encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
       encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, encoder_attention_heads=cfg.num_heads,
       decoder_attention_heads=cfg.num_heads, max_position_embeddings=max_positions(cfg),
-      activation_function=activation, scale_embedding=cfg.scale_embeddings, dropout=cfg.dropout,
+      activation_function=cfg.activation, scale_embedding=cfg.scale_embeddings, dropout=cfg.dropout,
       attention_dropout=cfg.attention_dropout, activation_dropout=cfg.relu_dropout,
       share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.share_embeddings,
       pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID, forced_eos_token_id=None,
