@@ -52,16 +52,23 @@ def _corpus(count=2000):
   return [split[i] for i in range(count)]
 
 
-def build_marian(directory, *, seed=0, **config):
+def build_marian(directory, *, seed=0, tokenizer_from=None, **config):
   """A MarianMT checkpoint in `directory`: random weights (every tensor, biases and LayerNorms included), its own
-  source (EN) and target (DE) SentencePiece models and a vocab.json in Marian's layout."""
+  source (EN) and target (DE) SentencePiece models and a vocab.json in Marian's layout (or those of the checkpoint
+  in `tokenizer_from`)."""
   os.makedirs(directory, exist_ok=True)
-  pairs = _corpus()
-  source = _train_spm([s for s, _ in pairs], os.path.join(directory, 'src'), 120)
-  target = _train_spm([t for _, t in pairs], os.path.join(directory, 'tgt'), 140)
-  pieces = list(dict.fromkeys(_pieces(source) + _pieces(target)))
-  vocab = {'</s>': 0, '<unk>': 1, **{piece: i + 2 for i, piece in enumerate(pieces)}}
-  vocab['<pad>'] = len(vocab)
+  if tokenizer_from:
+    for name in hf.TOKENIZER_FILES:
+      shutil.copyfile(os.path.join(tokenizer_from, name), os.path.join(directory, name))
+    with open(os.path.join(directory, hf.VOCAB), encoding='utf-8') as f:
+      vocab = json.load(f)
+  else:
+    pairs = _corpus()
+    source = _train_spm([s for s, _ in pairs], os.path.join(directory, 'src'), 120)
+    target = _train_spm([t for _, t in pairs], os.path.join(directory, 'tgt'), 140)
+    pieces = list(dict.fromkeys(_pieces(source) + _pieces(target)))
+    vocab = {'</s>': 0, '<unk>': 1, **{piece: i + 2 for i, piece in enumerate(pieces)}}
+    vocab['<pad>'] = len(vocab)
   settings = dict(vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32,
                   decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
                   max_position_embeddings=64, activation_function='swish', scale_embedding=True,
@@ -80,10 +87,11 @@ def build_marian(directory, *, seed=0, **config):
     # is a token to Marian but padding to us. The test model's pad logit is kept low, as training would.
     model.final_logits_bias[0, settings['pad_token_id']] = -10.0
   model.save_pretrained(directory)
-  shutil.move(source, os.path.join(directory, hf.SOURCE_SPM))
-  shutil.move(target, os.path.join(directory, hf.TARGET_SPM))
-  with open(os.path.join(directory, hf.VOCAB), 'w', encoding='utf-8') as f:
-    json.dump(vocab, f, ensure_ascii=False)
+  if not tokenizer_from:
+    shutil.move(source, os.path.join(directory, hf.SOURCE_SPM))
+    shutil.move(target, os.path.join(directory, hf.TARGET_SPM))
+    with open(os.path.join(directory, hf.VOCAB), 'w', encoding='utf-8') as f:
+      json.dump(vocab, f, ensure_ascii=False)
   return model
 
 
@@ -129,10 +137,41 @@ def _restore(workdir):
 
 def test_imported_model_scores_targets_as_marian_does(imported):
   model, tokenizer, _, workdir = imported
-  restored = _restore(workdir)
-  cfg = restored.model.config
+  cfg = _assert_same_logits(model, tokenizer, workdir)
   assert (cfg.activation, cfg.sinusoids, cfg.scale_embeddings, cfg.attention_bias, cfg.logits_bias) == (
       'swish', 'split', True, True, True)
+
+
+OPTIONS = {
+    'gelu, unscaled embeddings, no biases': dict(activation_function='gelu', scale_embedding=False),
+    'relu, separate embeddings and output layer': dict(activation_function='relu',
+                                                       share_encoder_decoder_embeddings=False,
+                                                       tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize('options', OPTIONS)
+def test_marian_options_import_as_our_options(imported, tmp_path, options):
+  _, tokenizer, directory, _ = imported
+  model = build_marian(tmp_path / 'hf', seed=len(options), tokenizer_from=directory, **OPTIONS[options])
+  if 'no biases' in options:  # a checkpoint whose attention and logits biases are zero: imported without them
+    with torch.no_grad():
+      for name, tensor in model.named_parameters():
+        if '_proj.bias' in name:
+          tensor.zero_()
+      model.final_logits_bias.zero_()
+    model.save_pretrained(tmp_path / 'hf')
+  convert.import_checkpoint(str(tmp_path / 'hf'), str(tmp_path / 'run'))
+  cfg = _assert_same_logits(model, tokenizer, str(tmp_path / 'run'))
+  assert cfg.activation == OPTIONS[options]['activation_function']
+  assert cfg.scale_embeddings == OPTIONS[options].get('scale_embedding', True)
+  assert cfg.share_embeddings == OPTIONS[options].get('tie_word_embeddings', True)
+  assert cfg.attention_bias == cfg.logits_bias == ('no biases' not in options)
+
+
+def _assert_same_logits(model, tokenizer, workdir) -> ModelConfig:
+  """Our teacher-forced logits of the imported `workdir` are MarianMTModel's (on the same pieces, in our ids)."""
+  restored = _restore(workdir)
   order = marian.import_order(model.config.pad_token_id, 0, model.config.decoder_start_token_id, 1,
                               model.config.vocab_size)
   pairs = _test_pairs()
@@ -147,6 +186,7 @@ def test_imported_model_scores_targets_as_marian_does(imported):
   theirs = _hf_logits(model, theirs_src, theirs_tgt, model.config.pad_token_id)
   for i, row in enumerate(ours_tgt):
     np.testing.assert_allclose(ours[i, :len(row)], theirs[i, :len(row)][:, order], rtol=0, atol=LOGITS_TOLERANCE)
+  return restored.model.config
 
 
 def _our_greedy(restored, source_ids, max_decode_len):
@@ -256,6 +296,25 @@ def test_the_imported_workdir_exports_to_ctranslate2_and_decodes_as_we_do(import
   served = serving.translate_lines(str(out), [s for s, _ in _test_pairs()], beam_size=1)
   assert served == inference.translate_lines(restored, [s for s, _ in _test_pairs()], method='greedy')
   assert len(set(served)) > 1
+
+
+@pytest.mark.slow
+def test_eval_translate_and_attention_plots_read_the_imported_workdir(entry_points, imported, tmp_path):
+  _, _, _, workdir = imported
+  result = entry_points.run(['eval.py', f'--workdir={workdir}', '--config.data.builtin_eval_size=16',
+                             '--config.decode.beam_size=1', '--config.eval.num_samples=0'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
+    assert json.load(f)['num_sentences'] == 16
+  lines = [s for s, _ in _test_pairs()]
+  result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}', '--method=greedy'],
+                            ''.join(line + '\n' for line in lines), text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.splitlines() == inference.translate_lines(_restore(workdir), lines, method='greedy')
+  result = entry_points.run(['-m', 'transformer_jax.attention_plots', f'--workdir={workdir}', f'--sentence={lines[0]}',
+                             f'--target={_test_pairs()[0][1]}', '--layer=1', f'--out={tmp_path / "maps"}'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert sorted(os.listdir(tmp_path / 'maps')) == ['cross_layer1.png', 'decoder_layer1.png', 'encoder_layer1.png']
 
 
 # --- the round trip

@@ -93,7 +93,8 @@ def plot_sentence(restored, sentence: str, out_dir: str, *, target: str | None =
   (source_ids,) = text_input.encode_lines([sentence], tok, max_len, False, what='--sentence', fix='shorten it')
   if target is None:
     target = generation.translate_lines(restored, [sentence])[0]
-  (target_ids,) = text_input.encode_lines([target], tok, max_len, False, what='the target', fix='shorten it')
+  (target_ids,) = text_input.encode_lines([target], tok, max_len, False, what='the target', fix='shorten it',
+                                          target=True)
   maps = attention_maps(restored, source_ids, target_ids)
   src_tokens = [tok.id_to_piece(i) for i in source_ids]
   tgt_tokens = [tok.id_to_piece(i) for i in target_ids]

@@ -23,11 +23,14 @@ def flag_text(value: str, flag: str) -> str:
 
 
 def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
-                 what: str = 'input line {number}', fix: str = 'shorten it or pass --truncate') -> list[list[int]]:
-  """Token ids with EOS for each line; an over-long line is an error naming it (`what`, `fix`), or cut."""
+                 what: str = 'input line {number}', fix: str = 'shorten it or pass --truncate',
+                 target: bool = False) -> list[list[int]]:
+  """Token ids with EOS for each line (source sentences, or `target` ones); an over-long line is an error naming it
+  (`what`, `fix`), or cut."""
+  encode = tokenizer.encode_target if target else tokenizer.encode
   encoded = []
   for number, line in enumerate(lines, 1):
-    ids = tokenizer.encode(line) + [EOS_ID]
+    ids = encode(line) + [EOS_ID]
     if len(ids) > max_len:
       if not truncate:
         raise ValueError(f'{what.format(number=number)} has {len(ids)} tokens, more than the model\'s max length '
