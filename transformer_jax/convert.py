@@ -104,7 +104,8 @@ def _check_shapes(cfg: ModelConfig, params, directory: str) -> None:
   """The converted params have exactly the shapes and names of our model of `cfg`."""
   wanted = jax.eval_shape(lambda: nn.unbox(model_lib.make_model(cfg).init(
       jax.random.key(0), **model_lib.init_inputs(cfg, (1, 2)))['params']))
-  shapes = lambda tree: {jax.tree_util.keystr(p): tuple(np.shape(x)) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  shapes = lambda tree: {jax.tree_util.keystr(path): tuple(np.shape(x))
+                         for path, x in jax.tree_util.tree_leaves_with_path(tree)}
   if shapes(wanted) != shapes(params):
     raise ValueError(f'{directory}: the weights do not have the shapes its config.json describes; download the '
                      'checkpoint again.')

@@ -1,5 +1,6 @@
 """One reader (and writer) for each kind of file the project reads from users or writes into a run: UTF-8 text
-lines, JSON objects, Python files (configs, sweeps), export directories written whole or not at all. Every failure is one line naming the file and what to do."""
+lines, JSON objects, Python files (configs, sweeps), export directories written whole or not at all. Every
+failure is one line naming the file and what to do."""
 
 import codecs
 import contextlib

@@ -68,8 +68,8 @@ def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax
 
 
 class Embedder(nn.Module):
-  """Token embedding ×√d_model (unless `scale_embeddings` is off) plus positional encoding, then dropout (§3.4, §3.5,
-  §5.4)."""
+  """Token embedding ×√d_model (unless `model.scale_embeddings` is off) plus positional encoding, then dropout
+  (§3.4, §3.5, §5.4)."""
 
   config: ModelConfig
   embedding: nn.Embed

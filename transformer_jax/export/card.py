@@ -52,9 +52,8 @@ tags: [marian, transformer_jax]
 
 # A Transformer trained with transformer_jax
 
-An encoder-decoder Transformer ("Attention Is All You Need") trained with
-[transformer_jax](https://github.com/) and exported as a `MarianMTModel`: {cfg.num_encoder_layers}+{cfg.num_decoder_layers}
-layers, d_model {cfg.d_model}, {cfg.num_heads} heads, d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
+An encoder-decoder Transformer ("Attention Is All You Need") trained with transformer_jax and exported as a
+`MarianMTModel`: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
 {('Export notes: ' + '; '.join(notes) + '.') if notes else ''}
 
 ```python

@@ -102,7 +102,8 @@ def model_config(marian: dict, path: str, *, attention_bias: bool, logits_bias: 
     raise ValueError(f'{path}: our model cannot hold {"; ".join(problems)}: convert a MarianMT checkpoint without '
                      'these options.')
   return dict(
-      vocab_size=vocab_size, d_model=get('d_model'), d_ff=get('encoder_ffn_dim'), num_heads=get('encoder_attention_heads'),
+      vocab_size=vocab_size, d_model=get('d_model'), d_ff=get('encoder_ffn_dim'),
+      num_heads=get('encoder_attention_heads'),
       num_encoder_layers=get('encoder_layers'), num_decoder_layers=get('decoder_layers'),
       dropout=float(get('dropout', 0.1)), attention_dropout=float(get('attention_dropout', 0.0)),
       relu_dropout=float(get('activation_dropout', 0.0)), positional='sinusoidal', sinusoids='split',
@@ -226,7 +227,8 @@ def from_state_dict(cfg: ModelConfig, tensors: dict, order: list[int], path: str
       for name, marian_name in _NORMS.items():
         if side == 'encoder' and name == 'cross_attention_block':
           continue
-        layer[name] = {'norm': {'scale': w(f'{theirs}.{marian_name}.weight'), 'bias': w(f'{theirs}.{marian_name}.bias')}}
+        norm = f'{theirs}.{marian_name}'
+        layer[name] = {'norm': {'scale': w(f'{norm}.weight'), 'bias': w(f'{norm}.bias')}}
       layer['ffn'] = {'wi': {'kernel': w(f'{theirs}.fc1.weight').T, 'bias': w(f'{theirs}.fc1.bias')},
                       'wo': {'kernel': w(f'{theirs}.fc2.weight').T, 'bias': w(f'{theirs}.fc2.bias')}}
       params[side][f'layer_{i}'] = layer
