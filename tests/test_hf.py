@@ -19,7 +19,8 @@ import transformers
 from transformer_jax import config as config_lib
 from transformer_jax import convert
 from transformer_jax import export
-from transformer_jax import inference
+from transformer_jax import generation
+from transformer_jax import restoring
 from transformer_jax import sharding
 from transformer_jax.data import sources
 from transformer_jax.export import hf
@@ -132,7 +133,7 @@ def _hf_logits(model, source_ids, target_ids, pad_id):
 
 
 def _restore(workdir):
-  return inference.restore(config_lib.of_run(workdir), workdir)
+  return restoring.restore(config_lib.of_run(workdir), workdir)
 
 
 def test_imported_model_scores_targets_as_marian_does(imported):
@@ -192,7 +193,7 @@ def _assert_same_logits(model, tokenizer, workdir) -> ModelConfig:
 def _our_greedy(restored, source_ids, max_decode_len):
   with restored.on_mesh():
     batch = jax.make_array_from_process_local_data(sharding.batch_sharding(restored.mesh), _padded(source_ids))
-    tokens, _ = inference.generate(restored.members, batch, jax.random.key(0), method='greedy',
+    tokens, _ = generation.generate(restored.members, batch, jax.random.key(0), method='greedy',
                                    max_decode_len=max_decode_len)
   return np.asarray(tokens)[:, 0]
 
@@ -267,7 +268,7 @@ def test_exported_run_generates_and_translates_as_our_greedy_search(exported):
   assert len({tuple(row) for row in ours}) >= len(lines) // 4  # not one output for every sentence
   # transformers 5 removed pipeline('translation'); generate + batch_decode is what it ran.
   texts = tokenizer.batch_decode(torch.tensor(theirs), skip_special_tokens=True)
-  assert texts == inference.translate_lines(restored, lines, method='greedy')
+  assert texts == generation.translate_lines(restored, lines, method='greedy')
 
 
 @pytest.mark.slow
@@ -294,7 +295,7 @@ def test_the_imported_workdir_exports_to_ctranslate2_and_decodes_as_we_do(import
   restored = _restore(workdir)
   out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer, tmp_path / 'ct2')
   served = serving.translate_lines(str(out), [s for s, _ in _test_pairs()], beam_size=1)
-  assert served == inference.translate_lines(restored, [s for s, _ in _test_pairs()], method='greedy')
+  assert served == generation.translate_lines(restored, [s for s, _ in _test_pairs()], method='greedy')
   assert len(set(served)) > 1
 
 
@@ -310,7 +311,7 @@ def test_eval_translate_and_attention_plots_read_the_imported_workdir(entry_poin
   result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}', '--method=greedy'],
                             ''.join(line + '\n' for line in lines), text=True)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.splitlines() == inference.translate_lines(_restore(workdir), lines, method='greedy')
+  assert result.stdout.splitlines() == generation.translate_lines(_restore(workdir), lines, method='greedy')
   result = entry_points.run(['-m', 'transformer_jax.attention_plots', f'--workdir={workdir}', f'--sentence={lines[0]}',
                              f'--target={_test_pairs()[0][1]}', '--layer=1', f'--out={tmp_path / "maps"}'], text=True)
   assert result.returncode == 0, result.stderr[-2000:]

@@ -129,8 +129,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   stop.watch(manager)
   latest, damaged = None, []
   if manager.all_steps() == [0] and checkpoint.holds_params_only(manager, 0):  # an imported model (convert.py)
-    state, _ = steps.create_sharded_state(model, tx, train_cfg.seed, batch_shape, mesh, rules)
-    state = dataclasses.replace(state, params=checkpoint.restore_params(manager, 0, abstract.params))
+    state = dataclasses.replace(run.initial_state(),
+                                params=checkpoint.restore_params(manager, 0, run.abstract_state.params))
     logging.info('training starts from the imported params of step 0 in %s', run_dir.checkpoints)
   elif manager.latest_step() is not None:
     if manager.latest_step() > train_cfg.num_steps:

@@ -18,6 +18,7 @@ from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import export
 from transformer_jax import files
+from transformer_jax import restoring
 from transformer_jax.export import card
 from transformer_jax.export import hf
 from transformer_jax.export import marian
