@@ -278,8 +278,8 @@ def test_exported_directory_holds_a_model_card_with_config_data_and_scores(expor
     card = f.read()
   with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
     results = json.load(f)
-  assert f'| bleu | {results["bleu"]:.2f} | `{results["bleu_signature"]}` |' in card
-  assert f'| chrf | {results["chrf"]:.2f} | `{results["chrf_signature"]}` |' in card
+  assert f'- bleu: {results["bleu"]:.2f} (sacrebleu `{results["bleu_signature"]}`)' in card
+  assert f'- chrf: {results["chrf"]:.2f} (sacrebleu `{results["chrf_signature"]}`)' in card
   assert 'the built-in EN→DE corpus' in card and '"d_model": 64' in card
   assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'generation_config.json', 'model.safetensors',
                                      'source.spm', 'target.spm', 'tokenizer_config.json', 'vocab.json']

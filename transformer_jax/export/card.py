@@ -9,6 +9,14 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
 
 
+_USAGE = '\n'.join([
+    'from transformers import MarianMTModel, MarianTokenizer',
+    'model = MarianMTModel.from_pretrained("THIS_DIRECTORY")',
+    'tokenizer = MarianTokenizer.from_pretrained("THIS_DIRECTORY")',
+    'batch = tokenizer(["A sentence."], return_tensors="pt")',
+    'print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))'])
+
+
 def _data(config) -> str:
   data = config.data
   if data.source == 'builtin':
@@ -26,11 +34,10 @@ def _scores(workdir: str) -> str:
     return 'No test scores: the run has no results.json (evaluate it with `python eval.py --workdir=...`).\n'
   results = files.read_json(path, 'results file')
   lines = [f'On the `{results.get("split", "test")}` split ({results.get("num_sentences")} sentences), params of '
-           f'step(s) {results.get("averaged_steps")}:', '',
-           '| metric | score | sacrebleu signature |', '|---|---:|---|']
+           f'step(s) {results.get("averaged_steps")}, beam {results.get("beam_size")}:', '']
   for metric in ('bleu', 'chrf', 'chrf++'):
     if metric in results:
-      lines.append(f'| {metric} | {results[metric]:.2f} | `{results.get(metric + "_signature", "")}` |')
+      lines.append(f'- {metric}: {results[metric]:.2f} (sacrebleu `{results.get(metric + "_signature", "")}`)')
   return '\n'.join(lines) + '\n'
 
 
@@ -53,18 +60,17 @@ tags: [marian, transformer_jax]
 # A Transformer trained with transformer_jax
 
 An encoder-decoder Transformer ("Attention Is All You Need") trained with transformer_jax and exported as a
-`MarianMTModel`: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
+`MarianMTModel`: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads,
+d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
 {('Export notes: ' + '; '.join(notes) + '.') if notes else ''}
 
 ```python
-from transformers import pipeline
-translate = pipeline("translation", model="THIS_DIRECTORY")
-print(translate("The old teacher reads a book.")[0]["translation_text"])
+{_USAGE}
 ```
 
 ## Data
 
-Trained on {_data(config)}, steps {steps}.
+Trained on {_data(config)}. The exported params are those of step(s) {steps}.
 
 ## Test scores
 
