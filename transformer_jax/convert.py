@@ -25,7 +25,6 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.export import hf
 from transformer_jax.export import marian
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.workdir import Workdir
 
 _FROM_HF = flags.DEFINE_string('from_hf', None, 'A transformers MarianMT checkpoint: its directory, or a hub id in '
@@ -33,30 +32,30 @@ _FROM_HF = flags.DEFINE_string('from_hf', None, 'A transformers MarianMT checkpo
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The new workdir to write (new or empty).', required=True)
 
 
-def special_ids(checkpoint_: hf.Checkpoint) -> dict[str, int]:
+def special_ids(source: hf.Checkpoint) -> dict[str, int]:
   """Marian's pad, eos, decoder start and unk ids (config.json and vocab.json)."""
-  config, vocab = checkpoint_.config, checkpoint_.vocab
+  config, vocab = source.config, source.vocab
   ids = {'pad': config.get('pad_token_id'), 'eos': config.get('eos_token_id'),
          'start': config.get('decoder_start_token_id', config.get('pad_token_id')), 'unk': vocab.get('<unk>')}
   missing = [name for name, value in ids.items() if not isinstance(value, int)]
   if missing:
-    raise ValueError(f'{checkpoint_.directory}: no single {"/".join(missing)} token id in config.json (or <unk> in '
+    raise ValueError(f'{source.directory}: no single {"/".join(missing)} token id in config.json (or <unk> in '
                      'vocab.json): pass a MarianMT checkpoint that sets them.')
   return ids
 
 
-def vocabulary(checkpoint_: hf.Checkpoint, order: list[int]) -> list[str]:
+def vocabulary(source: hf.Checkpoint, order: list[int]) -> list[str]:
   """Our pieces in id order: Marian's pieces in `order`, our BOS row named '<s>' (Marian starts with its pad)."""
-  by_id = {i: piece for piece, i in checkpoint_.vocab.items()}
-  size = checkpoint_.config.get('vocab_size')
-  if sorted(by_id) != list(range(size)) or len(by_id) != len(checkpoint_.vocab):
-    raise ValueError(f'{os.path.join(checkpoint_.directory, hf.VOCAB)} does not give each of the model\'s {size} ids '
+  by_id = {i: piece for piece, i in source.vocab.items()}
+  size = source.config.get('vocab_size', len(source.vocab))
+  if sorted(by_id) != list(range(size)) or len(by_id) != len(source.vocab):
+    raise ValueError(f'{os.path.join(source.directory, hf.VOCAB)} does not give each of the model\'s {size} ids '
                      'one piece: pass the vocab.json of this checkpoint.')
   pieces = [by_id[i] for i in order]
-  pieces[PAD_ID], pieces[EOS_ID], pieces[UNK_ID] = (tokenizer_lib.SPECIAL_PIECES[i] for i in (PAD_ID, EOS_ID, UNK_ID))
-  pieces[BOS_ID] = tokenizer_lib.SPECIAL_PIECES[BOS_ID]
+  for i, piece in tokenizer_lib.SPECIAL_PIECES.items():
+    pieces[i] = piece
   if len(set(pieces)) != len(pieces):
-    raise ValueError(f'{os.path.join(checkpoint_.directory, hf.VOCAB)} names an ordinary piece like one of our '
+    raise ValueError(f'{os.path.join(source.directory, hf.VOCAB)} names an ordinary piece like one of our '
                      f'reserved pieces {sorted(tokenizer_lib.SPECIAL_PIECES.values())}: it cannot be imported.')
   return pieces
 
@@ -68,7 +67,7 @@ def import_checkpoint(directory: str, workdir: str) -> ModelConfig:
     raise ValueError(f'{run.path} exists and is not empty: pass a new --workdir.')
   source = hf.read(directory)
   ids = special_ids(source)
-  size = source.config.get('vocab_size')
+  size = source.config.get('vocab_size', len(source.vocab))
   order = marian.import_order(ids['pad'], ids['eos'], ids['start'], ids['unk'], size)
   pieces = vocabulary(source, order)
   section = marian.model_config(source.config, os.path.join(directory, hf.CONFIG),
