@@ -97,8 +97,9 @@ def _micro_batches(batch: dict, count: int) -> dict:
 def _loss_sums_and_grads(model, params, batch, rng, smoothing):
   def loss_fn(p):
     logits = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng})
-    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing,
-                                     cpu_kernels=cpu_backend.enabled(model.config.cpu_kernels))
+    with jax.named_scope('loss'):  # op names that hlo_costs attributes to the loss
+      sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing,
+                                       cpu_kernels=cpu_backend.enabled(model.config.cpu_kernels))
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -121,16 +122,17 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.Gr
              jax.tree.map(jnp.zeros_like, state.params))
     (sums, grads), _ = jax.lax.scan(accumulate, zeros,
                                     (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
-  tokens = jnp.maximum(sums['tokens'], 1.0)
-  grads = jax.tree.map(lambda g: g / tokens, grads)
-  grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  # Finite gradients can still give a non-finite update (e.g. Adam with eps=0 on a zero gradient).
-  finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                            opt_state=keep(opt_state, state.opt_state))
+  with jax.named_scope('optimizer'):  # op names that hlo_costs attributes to the update
+    tokens = jnp.maximum(sums['tokens'], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # Finite gradients can still give a non-finite update (e.g. Adam with eps=0 on a zero gradient).
+    finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                              opt_state=keep(opt_state, state.opt_state))
   step_metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
                       nonfinite=(~finite).astype(jnp.int32))
   return new_state, step_metrics
