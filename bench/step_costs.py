@@ -34,17 +34,22 @@ def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
   return config
 
 
-def measure(config, topology: str) -> dict:
+def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   program = aot.longest_train_step(config, topology)
   start = time.perf_counter()
   compiled = aot.compile_program(program)
   seconds = time.perf_counter() - start
+  if dump_hlo:
+    with open(dump_hlo, 'w', encoding='utf-8') as f:
+      f.write(compiled.as_text())
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
   parts = hlo_costs.breakdown(ops)
   chips = aot.get_topology(topology).num_chips
-  return {'what': program.what, 'topology': topology, 'compile_seconds': seconds,
+  rows, length = next(iter(program.args[1].values())).shape
+  return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
+          'compile_seconds': seconds,
           'xla_bytes_accessed': float(cost['bytes accessed']), 'xla_flops': float(cost['flops']),
           'bytes': sum(p.bytes for p in parts), 'flops': sum(p.flops for p in parts),
           'model_flops_per_chip': program.model_flops / chips,
@@ -73,8 +78,9 @@ def main(argv=None):
   p.add_argument('--mesh', default='data', choices=('data', 'fsdp', 'fsdp_tensor'))
   p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
                  help='a config override, e.g. model.num_encoder_layers=2 (repeatable)')
+  p.add_argument('--dump_hlo', default=None, help='also write the optimized HLO text to this file')
   args = p.parse_args(argv)
-  record = measure(load_config(args.config, args.topology, args.mesh, args.set), args.topology)
+  record = measure(load_config(args.config, args.topology, args.mesh, args.set), args.topology, args.dump_hlo)
   for part in record['parts']:
     common.emit(dict(part, topology=args.topology, mesh=args.mesh, config=args.config, overrides=args.set))
   common.emit({k: v for k, v in record.items() if k != 'parts'} | {'mesh': args.mesh, 'config': args.config,

@@ -114,7 +114,7 @@ def _called(instruction: Instruction, key: str) -> str | None:
 
 _BRANCHES_RE = re.compile(r'branch_computations=\{([^}]*)\}')
 _TRIP_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_COST_RE = re.compile(r'"cost_estimate":\s*(\{[^}]*\})')
+_COST_RE = re.compile(r'\\?"cost_estimate\\?":\s*(\{[^}]*\})')  # in a JSON string, its quotes may be escaped
 _TARGET_RE = re.compile(r'custom_call_target="([^"]*)"')
 
 # Ops that move no data of their own (views, tuples, control) or whose called computations are costed instead.
@@ -259,7 +259,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
         estimate = _COST_RE.search(i.attributes)
         target = _TARGET_RE.search(i.attributes)
         if estimate:
-          e = json.loads(estimate[1])
+          e = json.loads(estimate[1].replace('\\"', '"'))
           costs.append(OpCost(i.name, i.opcode, i.op_name, float(e.get('bytes_accessed', 0)),
                               float(e.get('flops', 0)), float(e.get('transcendentals', 0)), count,
                               target[1] if target else ''))
@@ -294,7 +294,7 @@ def part_of(op: OpCost) -> str:
     return 'collectives'
   if '/optimizer/' in name:
     return 'optimizer update'
-  if '/loss/' in name or '/decoder/logits/' in name or re.search(r'/decoder/[^/]*->|/decoder/dot_general', name):
+  if re.search(r'[/(]loss[)/]|/decoder/logits/|\.attend/|/decoder/[^/]*->|/decoder/dot_general', name):
     return 'pre-softmax layer + loss'
   if '/embedder/' in name:
     return 'embeddings'
