@@ -60,15 +60,16 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
 
 def table(record: dict) -> str:
   rows = [[p['name'], f'{p["bytes"] / 1e9:.2f}', f'{p["backward_bytes"] / 1e9:.2f}',
-           f'{100 * p["bytes"] / record["bytes"]:.0f}%', f'{p["flops"] / 1e9:,.1f}', p['ops']]
-          for p in record['parts']]
-  rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '100%', f'{record["flops"] / 1e9:,.1f}',
+           f'{p["borrowed_bytes"] / 1e9:.2f}', f'{100 * p["bytes"] / record["bytes"]:.0f}%',
+           f'{p["flops"] / 1e9:,.1f}', p['ops']] for p in record['parts']]
+  rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '', '100%', f'{record["flops"] / 1e9:,.1f}',
                sum(p['ops'] for p in record['parts'])])
   rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}', '',
-               '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
-  rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', f'{record["model_flops_per_chip"] / 1e9:,.1f}',
-               ''])
-  return common.markdown_table(['part', 'GB accessed', 'of it backward', 'share', 'GFLOP', 'ops'], rows)
+               '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
+  rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '',
+               f'{record["model_flops_per_chip"] / 1e9:,.1f}', ''])
+  return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'share', 'GFLOP',
+                                'ops'], rows)
 
 
 def main(argv=None):

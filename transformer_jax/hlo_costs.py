@@ -143,6 +143,7 @@ class OpCost:
   count: int  # executions per run: the product of the enclosing loops' trip counts
   target: str = ''  # a custom call's target
   estimated: bool = True  # False: a custom call without a cost estimate, counted as 0
+  borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
 
   @property
   def total_bytes(self) -> float:
@@ -224,6 +225,28 @@ def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> float:
   return total
 
 
+def _borrowed_names(body: list[Instruction]) -> dict[str, str]:
+  """For each op without op_name metadata (the compiler's memory moves and layout copies), the op_name of the
+  nearest op it feeds that has one, else of the nearest op feeding it."""
+  users = {}
+  for i in body:
+    for operand in i.operands:
+      users.setdefault(operand, []).append(i.name)
+  by_name = {i.name: i for i in body}
+  borrowed = {}
+  for i in body:
+    if i.op_name:
+      continue
+    for neighbours in (lambda n: users.get(n, []), lambda n: by_name[n].operands if n in by_name else ()):
+      frontier, seen = [i.name], {i.name}
+      while frontier and i.name not in borrowed:
+        frontier = [n for f in frontier for n in neighbours(f) if n not in seen and not seen.add(n)]
+        named = [by_name[n].op_name for n in frontier if n in by_name and by_name[n].op_name]
+        if named:
+          borrowed[i.name] = named[0]
+  return borrowed
+
+
 def op_costs(hlo_text: str) -> list[OpCost]:
   """Every top-level op of a compiled module with its costs (fusion bodies are costed inside their fusion)."""
   computations, entry = parse_module(hlo_text)
@@ -232,7 +255,11 @@ def op_costs(hlo_text: str) -> list[OpCost]:
   def visit(name: str, count: int):
     body = computations[name]
     types = {i.name: i.type for i in body}
+    borrowed = _borrowed_names(body)
     for i in body:
+      if i.name in borrowed:
+        i = dataclasses.replace(i, op_name=borrowed[i.name])
+        moves.add(i.name)
       if i.opcode == 'while':
         trips = _TRIP_RE.search(i.attributes)
         n = int(trips[1]) if trips else 1
@@ -273,8 +300,9 @@ def op_costs(hlo_text: str) -> list[OpCost]:
                                            for o, t in zip(i.operands, operand_types)), i], computations)
         costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, flops,
                             transcendentals, count))
+  moves = set()
   visit(entry, 1)
-  return costs
+  return [dataclasses.replace(c, borrowed=True) if c.name in moves else c for c in costs]
 
 
 # --- the model part of each op
@@ -301,7 +329,7 @@ def part_of(op: OpCost) -> str:
   if re.search(r'attention/', name):
     if any(p in name for p in _PROJECTIONS):
       return 'attention projections'
-    if op.opcode == 'custom-call':
+    if op.opcode == 'custom-call' and not op.borrowed:
       return 'attention: kernels (custom calls)'
     if _SCORES in name:
       return 'attention: scores'
@@ -327,6 +355,7 @@ class Part:
   flops: float
   backward_bytes: float
   backward_flops: float
+  borrowed_bytes: float  # of ops without op_name of their own (memory moves, layout copies): see `_borrowed_names`
   ops: int
 
 
@@ -335,9 +364,9 @@ def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> l
   sums = {}
   for op in costs:
     name = part(op)
-    b, f, bb, bf, n = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0))
+    b, f, bb, bf, mb, n = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0))
     back = is_backward(op)
     sums[name] = (b + op.total_bytes, f + op.total_flops, bb + back * op.total_bytes, bf + back * op.total_flops,
-                  n + 1)
+                  mb + op.borrowed * op.total_bytes, n + 1)
   order = {name: i for i, name in enumerate(PARTS)}
   return [Part(name, *values) for name, values in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order)))]
