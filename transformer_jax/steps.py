@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer_jax import cpu_backend
 from transformer_jax import ensemble
+from transformer_jax import loss as loss_lib
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -96,10 +96,10 @@ def _micro_batches(batch: dict, count: int) -> dict:
 
 def _loss_sums_and_grads(model, params, batch, rng, smoothing):
   def loss_fn(p):
-    logits = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng})
+    hidden, weights = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng},
+                                  return_hidden=True)
     with jax.named_scope('loss'):  # op names that hlo_costs attributes to the loss
-      sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing,
-                                       cpu_kernels=cpu_backend.enabled(model.config.cpu_kernels))
+      sums = loss_lib.token_sums(hidden, weights, batch['targets'], smoothing, model.config.loss_chunk_length)
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -142,8 +142,7 @@ def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: f
   """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off, for one model (a member) or
   an ensemble (scored by `ensemble.mean_log_softmax`, as ensemble decoding scores tokens)."""
   log_probs = ensemble.teacher_forced_log_probs(members, model_inputs(batch))
-  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing,
-                                   cpu_kernels=cpu_backend.enabled(members[0].model.config.cpu_kernels))
+  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing)
 
 
 def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:
