@@ -22,15 +22,17 @@ def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
 
 
 def _per_token(logits, targets, smoothing: float):
-  """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from float32 logits [..., vocab].
+  """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from logits [..., vocab] of any float
+  dtype, reduced in float32 (the gold logit is gathered before the cast: no float32 copy of them is needed).
 
   The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
   subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy.
   """
   vocab = logits.shape[-1]
+  gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
+  logits = logits.astype(jnp.float32)
   top = jnp.max(logits, axis=-1)
   lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
-  gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   nll = lse - gold_logit
   correct = (gold_logit >= top).astype(jnp.float32)  # = argmax == target, up to exact ties
   if smoothing == 0.0:
@@ -44,7 +46,7 @@ def _per_token(logits, targets, smoothing: float):
 def cross_entropy(logits, targets, smoothing: float):
   """Per token: (label-smoothed loss, negative log-likelihood, whether the gold token is the argmax), from logits
   (or log-probabilities) [..., vocab] of any float dtype."""
-  return _per_token(logits.astype(jnp.float32), targets, smoothing)[0]
+  return _per_token(logits, targets, smoothing)[0]
 
 
 def _chunks(length: int, chunk_length: int) -> list[tuple[int, int]]:
@@ -68,14 +70,13 @@ def _forward(hidden, weights, targets, smoothing, chunk_length, with_gradients):
   dy = []
   for start, size in _chunks(hidden.shape[1], chunk_length):
     logits, chunk = _chunk_logits(hidden, weights, start, size)
-    logits = logits.astype(jnp.float32)
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
     mask = (chunk_targets > 0).astype(jnp.float32)
     per_token, lse = _per_token(logits, chunk_targets, smoothing)
     sums = [total + jnp.sum(value * mask) for total, value in zip(sums, per_token)]
     if with_gradients:
       is_gold = jnp.arange(vocab) == chunk_targets[..., None]
-      probs = jnp.exp(logits - lse[..., None])
+      probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
       grad = (mask[..., None] * (probs - jnp.where(is_gold, gold, other))).astype(hidden.dtype)
       g_t += jnp.einsum('bcd,bcv->dv', chunk, grad, preferred_element_type=jnp.float32)
       dy.append(jnp.einsum('bcv,vd->bcd', grad, weights, preferred_element_type=jnp.float32))
