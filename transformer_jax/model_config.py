@@ -40,7 +40,7 @@ class ModelConfig:
   layer_norm_epsilon: float = 1e-6
   attention: str = 'auto'  # by the platform compiled for: attention.serving
   attention_chunk_size: int = 512  # query and key block length of 'chunked'
-  loss_chunk_length: int = 64  # positions per chunk of the pre-softmax layer and loss in training (loss.py)
+  loss_chunk_length: int = 128  # positions per chunk of the pre-softmax layer and loss in training (loss.py)
   remat: str = 'none'
   scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
   dtype: str = 'float32'  # compute dtype
