@@ -25,6 +25,7 @@ from tensorboardX.proto import event_pb2
 
 import helpers
 from transformer_jax import checkpoint, metrics, preemption, reporting, sharding, steps, trainer
+from transformer_jax import loss as loss_lib
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.sections import pipeline as pipeline_section
@@ -39,19 +40,19 @@ def test_label_smoothed_cross_entropy_by_hand():
   # scores 0): log 3 - H(0.9, 0.05, 0.05).
   logits = jnp.zeros((1, 2, 3))
   targets = jnp.array([[2, 1]])
-  loss, nll, _ = metrics.cross_entropy(logits, targets, 0.1)
+  loss, nll, _ = loss_lib.cross_entropy(logits, targets, 0.1)
   entropy = -(0.9 * math.log(0.9) + 2 * 0.05 * math.log(0.05))
   np.testing.assert_allclose(loss, [[math.log(3) - entropy] * 2], rtol=1e-6)  # ≈ 0.7042
   np.testing.assert_allclose(nll, [[math.log(3)] * 2], rtol=1e-6)
   # A confident correct prediction: p(gold) = e^4 / (e^4 + 2) under logits (4, 0, 0).
   logits = jnp.array([[[4.0, 0.0, 0.0]]])
   p = np.exp([4.0, 0.0, 0.0]) / np.exp([4.0, 0.0, 0.0]).sum()
-  loss, nll, _ = metrics.cross_entropy(logits, jnp.array([[0]]), 0.1)
+  loss, nll, _ = loss_lib.cross_entropy(logits, jnp.array([[0]]), 0.1)
   by_hand = -(0.9 * np.log(p[0]) + 0.05 * np.log(p[1]) + 0.05 * np.log(p[2])) - entropy
   np.testing.assert_allclose(loss, [[by_hand]], rtol=1e-5)
   np.testing.assert_allclose(nll, [[-np.log(p[0])]], rtol=1e-5)
   # ε = 0: plain cross-entropy.
-  loss, nll, _ = metrics.cross_entropy(logits, jnp.array([[0]]), 0.0)
+  loss, nll, _ = loss_lib.cross_entropy(logits, jnp.array([[0]]), 0.0)
   np.testing.assert_allclose(loss, nll)
 
 

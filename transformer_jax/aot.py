@@ -21,6 +21,7 @@ import time
 import jax
 import ml_collections
 
+from transformer_jax import hlo_costs
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import run_builder
 from transformer_jax import sharding
@@ -132,21 +133,8 @@ def topology_devices(name: str) -> tuple:
 
 # --- analysis of a compiled program
 
-COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
+COLLECTIVES = hlo_costs.COLLECTIVES
 _COLLECTIVE_RE = re.compile(r'=\s*(?P<type>.+?)\s+(?P<op>' + '|'.join(COLLECTIVES) + r')(?P<suffix>-start|-done)?\(')
-_ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\]')
-_ITEM_BITS = {'pred': 8, 'bf16': 16}
-
-
-def _array_bytes(type_text: str) -> int:
-  """Bytes of every array in an HLO result type (a tuple's elements summed); layouts are ignored."""
-  total = 0
-  for dtype, dims in _ARRAY_RE.findall(type_text):
-    bits = _ITEM_BITS.get(dtype) or int(re.sub(r'\D', '', dtype.split('e')[0]) or 8)
-    total += math.prod(int(d) for d in dims.split(',') if d) * bits // 8
-  return total
-
-
 @dataclasses.dataclass(frozen=True)
 class Collective:
   count: int = 0
@@ -164,7 +152,7 @@ def parse_collectives(hlo_text: str) -> dict[str, Collective]:
     if match['suffix'] == '-start':
       continue
     old = found[match['op']]
-    found[match['op']] = Collective(old.count + 1, old.bytes + _array_bytes(match['type']))
+    found[match['op']] = Collective(old.count + 1, old.bytes + hlo_costs.array_bytes(match['type']))
   return found
 
 
@@ -345,11 +333,21 @@ def analyze_program(program: Program, topology: str) -> Analysis:
                    model_flops=program.model_flops)
 
 
+def longest_train_step(config: ml_collections.ConfigDict, topology: str) -> Program:
+  """The train step of `config` for its longest batch shape (token budget: the most attention memory) on
+  `topology`'s devices (the config's mesh must use its chips)."""
+  return [p for p in run_programs(config, topology_devices(topology)) if p.what.startswith('train')][-1]
+
+
 def analyze_train_step(config: ml_collections.ConfigDict, topology: str) -> Analysis:
-  """The train step of `config` for its longest batch shape (token budget: the most attention memory) compiled
-  for `topology` (the config's mesh must use its chips)."""
-  train_steps = [p for p in run_programs(config, topology_devices(topology)) if p.what.startswith('train')]
-  return analyze_program(train_steps[-1], topology)
+  """`longest_train_step` compiled for `topology` and analysed."""
+  return analyze_program(longest_train_step(config, topology), topology)
+
+
+def compile_program(program: Program):
+  """The compiled executable of a program, lowered under its mesh and rules (for reading its HLO)."""
+  with sharding.activate(program.mesh, program.rules):
+    return program.jitted.lower(*program.args).compile()
 
 
 def compile_run(config: ml_collections.ConfigDict, topology: str) -> list[tuple[str, Analysis]]:

@@ -1,12 +1,12 @@
 """The XLA:CPU backend's speed-ups, behind one seam: hand-written backward passes, host-memory reuse, and
 checkpoint saves that copy each array once.
 
-The model and the loss use stock JAX/Flax pieces on every backend. When the run's devices are CPUs
-(`model.cpu_kernels='auto'`, the default; 'on'/'off' force it) three of them take backward passes written for
-XLA:CPU's layouts, with the same values as autodiff (tested): projections (`dot_general`, for
-`nn.DenseGeneral`), the tied pre-softmax layer (`tied_logits`) and the label-smoothed cross-entropy
-(`cross_entropy`). Their measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps
-them to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.
+The model uses stock JAX/Flax pieces on every backend. When the run's devices are CPUs (`model.cpu_kernels='auto'`,
+the default; 'on'/'off' force it) its projections (`dot_general`, for `nn.DenseGeneral`) take a backward pass
+written for XLA:CPU's layouts, with the same values as autodiff (tested). The pre-softmax layer and the loss have
+one implementation on every backend, `loss.token_sums`, whose gradient contracts in the layout-friendly order.
+Measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps the projections' backward
+pass to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.
 """
 
 import ctypes
@@ -16,7 +16,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from transformer_jax import sharding
@@ -77,89 +76,6 @@ def remat_policy(policy):
     return None
   return jax.checkpoint_policies.save_from_both_policies(
       policy, jax.checkpoint_policies.save_only_these_names(_CONTRACTION))
-
-
-# --------------------------------------------------------------------------------------- tied logits
-
-
-@jax.custom_vjp
-def tied_logits(y: jax.Array, embedding: jax.Array) -> jax.Array:
-  """y · Eᵀ, [..., d] × [vocab, d] -> [..., vocab]: the values of `nn.Embed.attend`.
-
-  Autodiff computes dE as gᵀ · y, and XLA:CPU then materialises the [vocab, tokens] transpose of the logits
-  cotangent (fused with the softmax backward, recomputed in a cache-hostile order).
-  Here dE = (yᵀ · g)ᵀ: only the small [tokens, d] activations and the [d, vocab] result are transposed.
-  """
-  return jnp.dot(y, embedding.T)
-
-
-def _tied_logits_fwd(y, embedding):
-  return tied_logits(y, embedding), (y, embedding)
-
-
-def _tied_logits_bwd(residuals, g):
-  y, embedding = residuals
-  lead = ''.join(chr(ord('a') + i) for i in range(y.ndim - 1))
-  d_embedding_t = jnp.einsum(f'{lead}x,{lead}v->xv', y, g)  # [d, vocab]
-  return jnp.dot(g, embedding), d_embedding_t.T
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
-
-
-# --------------------------------------------------------------------------------------- loss
-
-
-def _smoothing_weights(vocab: int, smoothing: float):
-  """(gold, other): the smoothed target's probability of the gold token and of each other token."""
-  return 1.0 - smoothing, smoothing / (vocab - 1)
-
-
-def _cross_entropy_and_lse(logits, targets, smoothing):
-  """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from float32 logits [..., vocab]."""
-  vocab = logits.shape[-1]
-  top = jnp.max(logits, axis=-1)
-  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
-  gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  nll = lse - gold_logit
-  correct = (gold_logit >= top).astype(jnp.float32)  # = argmax == target, up to exact ties
-  if smoothing == 0.0:
-    return (nll, nll, correct), lse
-  gold, other = _smoothing_weights(vocab, smoothing)
-  sum_log_probs = jnp.sum(logits, axis=-1) - vocab * lse
-  entropy = -(gold * jnp.log(gold) + (vocab - 1) * other * jnp.log(other))
-  return (gold * nll - other * (sum_log_probs + nll) - entropy, nll, correct), lse
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def cross_entropy(logits, targets, smoothing):
-  """`metrics.cross_entropy`'s (smoothed loss, nll, correct) per token, with a one-pass backward.
-
-  Reads the logits a few times without materialising log-probabilities or a one-hot target, and the backward
-  pass is one elementwise pass over them (softmax − smoothed target); autodiff of the plain formula
-  materialises several [tokens, vocab] arrays.
-  """
-  return _cross_entropy_and_lse(logits, targets, smoothing)[0]
-
-
-def _cross_entropy_fwd(logits, targets, smoothing):
-  outputs, lse = _cross_entropy_and_lse(logits, targets, smoothing)
-  return outputs, (logits, targets, lse)
-
-
-def _cross_entropy_bwd(smoothing, residuals, cotangents):
-  """d loss/d logits = softmax - q (q the smoothed target, summing to 1); d nll/d logits = softmax - one-hot."""
-  logits, targets, lse = residuals
-  d_loss, d_nll, _ = cotangents  # `correct` is piecewise constant
-  gold, other = _smoothing_weights(logits.shape[-1], smoothing)  # (1, 0) without smoothing
-  is_gold = jnp.arange(logits.shape[-1]) == targets[..., None]
-  probs = jnp.exp(logits - lse[..., None])
-  target_mass = d_loss[..., None] * jnp.where(is_gold, gold, other) + d_nll[..., None] * is_gold
-  d_logits = (d_loss + d_nll)[..., None] * probs - target_mass
-  return d_logits, np.zeros(targets.shape, jax.dtypes.float0)
-
-
-cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
 # --------------------------------------------------------------------------------------- host memory

@@ -4,11 +4,10 @@ count behind MFU."""
 import math
 from collections.abc import Iterable, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import cpu_backend
+from transformer_jax import loss as loss_lib
 from transformer_jax.model_config import ModelConfig
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' data sheets.
@@ -21,34 +20,11 @@ PEAK_BF16_FLOPS = {
 SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')  # what `token_metrics` returns
 
 
-def cross_entropy(logits, targets, smoothing: float):
-  """Per token: (label-smoothed loss, negative log-likelihood, whether the gold token is the argmax).
-
-  The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
-  subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy, the
-  number comparable with other toolkits' losses and perplexities.
-  """
-  vocab = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  gold_log_prob = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  nll = -gold_log_prob
-  correct = (jnp.argmax(log_probs, axis=-1) == targets).astype(jnp.float32)
-  if smoothing == 0.0:
-    return nll, nll, correct
-  gold, other = 1.0 - smoothing, smoothing / (vocab - 1)
-  cross = -(gold * gold_log_prob + other * (jnp.sum(log_probs, axis=-1) - gold_log_prob))
-  entropy = -(gold * math.log(gold) + (vocab - 1) * other * math.log(other))
-  return cross - entropy, nll, correct
-
-
-def token_metrics(logits, targets, smoothing: float, *, cpu_kernels: bool = False) -> dict:
-  """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens').
-
-  cpu_kernels: the same values through `cpu_backend.cross_entropy`'s one-pass backward.
-  """
+def token_metrics(logits, targets, smoothing: float) -> dict:
+  """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens') from whole logits or
+  log-probabilities (evaluation, ensembles); training makes them in chunks (`loss.token_sums`)."""
   weights = (targets > 0).astype(jnp.float32)
-  loss_fn = cpu_backend.cross_entropy if cpu_kernels else cross_entropy
-  loss, nll, correct = loss_fn(logits.astype(jnp.float32), targets, smoothing)
+  loss, nll, correct = loss_lib.cross_entropy(logits, targets, smoothing)
   return {'loss': jnp.sum(loss * weights), 'nll': jnp.sum(nll * weights), 'correct': jnp.sum(correct * weights),
           'tokens': jnp.sum(weights)}
 

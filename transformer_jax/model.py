@@ -178,7 +178,8 @@ class MultiHeadAttention(nn.Module):
     cached_k.value = update(cached_k.value, k)
     cached_v.value = update(cached_v.value, v)
     cached_valid.value = update(cached_valid.value, spec.kv_valid)
-    spec = attention_masks.MaskSpec(q_valid=spec.q_valid, kv_valid=cached_valid.value, causal=True, q_offset=decode_index)
+    spec = attention_masks.MaskSpec(q_valid=spec.q_valid, kv_valid=cached_valid.value, causal=True,
+                                    q_offset=decode_index)
     return cached_k.value, cached_v.value, spec
 
 
@@ -306,16 +307,31 @@ class Encoder(nn.Module):
     return x
 
 
+class PreSoftmaxWeights(nn.Module):
+  """The pre-softmax layer's own weights when not tied to the embedding: a [d_model, vocab] kernel (the
+  parameters of an `nn.DenseGeneral` named 'logits'), returned as [vocab, d_model] in the compute dtype."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self):
+    cfg = self.config
+    kernel = self.param('kernel', _param(_xavier, ('embed', 'vocab')), (cfg.d_model, cfg.vocab_size),
+                        cfg.weight_dtype)
+    return kernel.T.astype(cfg.compute_dtype)
+
+
 class Decoder(nn.Module):
   """N layers of masked self-attention, encoder-decoder attention (not in a decoder-only model) and FFN, then the
-  pre-softmax layer."""
+  pre-softmax layer (or, with return_hidden, the final states, the pre-softmax weights [vocab, d_model] and the
+  logits bias [vocab] or None, for `loss.token_sums`)."""
 
   config: ModelConfig
   embedding: nn.Embed
 
   @nn.compact
   def __call__(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segment_ids=None,
-               targets_segment_ids=None, *, deterministic=True, decode=False):
+               targets_segment_ids=None, *, deterministic=True, decode=False, return_hidden=False):
     cfg = self.config
     target_valid = decoder_inputs > 0
     decode_index = None
@@ -336,17 +352,19 @@ class Decoder(nn.Module):
                      deterministic=deterministic, decode=decode)
     if cfg.norm == 'pre':
       y = layer_norm(cfg, 'final_norm')(y)
-    if not cfg.share_embeddings:
-      logits = dense(cfg, cfg.vocab_size, ('embed', 'vocab'), name='logits')(y)
-    elif cpu_backend.enabled(cfg.cpu_kernels):
-      logits = cpu_backend.tied_logits(y.astype(cfg.compute_dtype), self.embedding.embedding.astype(cfg.compute_dtype))
+    y = y.astype(cfg.compute_dtype)
+    if cfg.share_embeddings:
+      weights = self.embedding.embedding.astype(cfg.compute_dtype)
     else:
-      logits = self.embedding.attend(y)
-    logits = logits.astype(jnp.float32)
+      weights = PreSoftmaxWeights(cfg, name='logits')()
+    bias = None
     if cfg.logits_bias:
-      logits = logits + self.param('logits_bias', _param(nn.initializers.zeros, ('vocab',)), (cfg.vocab_size,),
-                                   cfg.weight_dtype).astype(jnp.float32)
-    return _constrain(logits, ('batch', 'length', 'vocab'))
+      bias = self.param('logits_bias', _param(nn.initializers.zeros, ('vocab',)), (cfg.vocab_size,),
+                        cfg.weight_dtype).astype(jnp.float32)
+    if return_hidden:
+      return y, weights, bias
+    logits = jnp.dot(y, weights.T).astype(jnp.float32)
+    return _constrain(logits if bias is None else logits + bias, ('batch', 'length', 'vocab'))
 
 
 class Transformer(nn.Module):
@@ -370,14 +388,15 @@ class Transformer(nn.Module):
     return self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic=deterministic)
 
   def decode(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segment_ids=None,
-             targets_segment_ids=None, *, deterministic=True, decode=False):
-    """Logits [batch, length, vocab] (float32) for `decoder_inputs` (targets shifted right).
+             targets_segment_ids=None, *, deterministic=True, decode=False, return_hidden=False):
+    """Logits [batch, length, vocab] (float32) for `decoder_inputs` (targets shifted right); with return_hidden,
+    (final states, pre-softmax weights, logits bias or None) instead (`Decoder`).
 
     With decode=True, keys/values come from and go to the 'cache' collection (see `init_cache`) and
     `decoder_inputs` holds the next token(s) of each row.
     """
     return self.decoder(encoded, inputs, decoder_inputs, targets_positions, inputs_segment_ids,
-                        targets_segment_ids, deterministic=deterministic, decode=decode)
+                        targets_segment_ids, deterministic=deterministic, decode=decode, return_hidden=return_hidden)
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
     """Creates the decoding cache (apply with mutable=['cache']): empty self-attention slots for
@@ -386,12 +405,12 @@ class Transformer(nn.Module):
     return self.decode(encoded, inputs, placeholder, decode=True)
 
   def __call__(self, inputs, targets, inputs_positions=None, targets_positions=None, inputs_segment_ids=None,
-               targets_segment_ids=None, *, deterministic=True):
-    """Teacher-forced logits for `targets` given `inputs` (token ids, 0 = padding)."""
+               targets_segment_ids=None, *, deterministic=True, return_hidden=False):
+    """Teacher-forced logits for `targets` given `inputs` (token ids, 0 = padding); see `decode`."""
     encoded = self.encode(inputs, inputs_positions, inputs_segment_ids, deterministic=deterministic)
     decoder_inputs = shift_right(targets, targets_segment_ids)
     return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segment_ids,
-                       targets_segment_ids, deterministic=deterministic)
+                       targets_segment_ids, deterministic=deterministic, return_hidden=return_hidden)
 
 
 class LanguageModel(nn.Module):
@@ -413,20 +432,21 @@ class LanguageModel(nn.Module):
     self.decoder = Decoder(self.config, embedding)
 
   def decode(self, decoder_inputs, targets_positions=None, targets_segment_ids=None, *, deterministic=True,
-             decode=False):
+             decode=False, return_hidden=False):
     """Logits [batch, length, vocab] (float32) for `decoder_inputs` (targets shifted right); with decode=True
     through the 'cache' collection (see `init_cache`), as `Transformer.decode`."""
     return self.decoder(None, None, decoder_inputs, targets_positions, None, targets_segment_ids,
-                        deterministic=deterministic, decode=decode)
+                        deterministic=deterministic, decode=decode, return_hidden=return_hidden)
 
   def init_cache(self, batch_size: int, max_decode_len: int):
     """Creates the decoding cache (apply with mutable=['cache']): empty slots for max_decode_len positions."""
     return self.decode(jnp.full((batch_size, max_decode_len), BOS_ID, jnp.int32), decode=True)
 
-  def __call__(self, targets, targets_positions=None, targets_segment_ids=None, *, deterministic=True):
+  def __call__(self, targets, targets_positions=None, targets_segment_ids=None, *, deterministic=True,
+               return_hidden=False):
     """Teacher-forced next-token logits for `targets` (token ids, 0 = padding): position t sees targets[:t]."""
     return self.decode(shift_right(targets, targets_segment_ids), targets_positions, targets_segment_ids,
-                       deterministic=deterministic)
+                       deterministic=deterministic, return_hidden=return_hidden)
 
 
 def make_model(config: ModelConfig) -> nn.Module:

@@ -48,6 +48,7 @@ class ModelConfig:
   layer_norm_epsilon: float = 1e-6
   attention: str = 'auto'  # by the platform compiled for: attention.serving
   attention_chunk_size: int = 512  # query and key block length of 'chunked'
+  loss_chunk_length: int = 128  # positions per chunk of the pre-softmax layer and loss in training (loss.py)
   remat: str = 'none'
   scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
   dtype: str = 'float32'  # compute dtype
@@ -69,7 +70,8 @@ class ModelConfig:
       raise ValueError(
           f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}: '
           'change one of them or set model.d_k and model.d_v explicitly.')
-    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'num_decoder_layers', 'max_len', 'attention_chunk_size'):
+    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'num_decoder_layers', 'max_len', 'attention_chunk_size',
+                 'loss_chunk_length'):
       if getattr(self, name) <= 0:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}.')
     if self.max_positions is not None and self.max_positions <= 0:

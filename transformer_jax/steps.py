@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer_jax import cpu_backend
 from transformer_jax import ensemble
+from transformer_jax import loss as loss_lib
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -96,9 +96,10 @@ def _micro_batches(batch: dict, count: int) -> dict:
 
 def _loss_sums_and_grads(model, params, batch, rng, smoothing):
   def loss_fn(p):
-    logits = model.apply({'params': p}, **model_inputs(batch), deterministic=False, rngs={'dropout': rng})
-    sums = metrics_lib.token_metrics(logits, batch['targets'], smoothing,
-                                     cpu_kernels=cpu_backend.enabled(model.config.cpu_kernels))
+    hidden, weights, bias = model.apply({'params': p}, **model_inputs(batch), deterministic=False,
+                                        rngs={'dropout': rng}, return_hidden=True)
+    with jax.named_scope('loss'):  # op names that hlo_costs attributes to the loss
+      sums = loss_lib.token_sums(hidden, weights, bias, batch['targets'], smoothing, model.config.loss_chunk_length)
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -121,16 +122,17 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.Gr
              jax.tree.map(jnp.zeros_like, state.params))
     (sums, grads), _ = jax.lax.scan(accumulate, zeros,
                                     (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
-  tokens = jnp.maximum(sums['tokens'], 1.0)
-  grads = jax.tree.map(lambda g: g / tokens, grads)
-  grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  # Finite gradients can still give a non-finite update (e.g. Adam with eps=0 on a zero gradient).
-  finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                            opt_state=keep(opt_state, state.opt_state))
+  with jax.named_scope('optimizer'):  # op names that hlo_costs attributes to the update
+    tokens = jnp.maximum(sums['tokens'], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # Finite gradients can still give a non-finite update (e.g. Adam with eps=0 on a zero gradient).
+    finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                              opt_state=keep(opt_state, state.opt_state))
   step_metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
                       nonfinite=(~finite).astype(jnp.int32))
   return new_state, step_metrics
@@ -140,8 +142,7 @@ def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: f
   """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off, for one model (a member) or
   an ensemble (scored by `ensemble.mean_log_softmax`, as ensemble decoding scores tokens)."""
   log_probs = ensemble.teacher_forced_log_probs(members, model_inputs(batch))
-  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing,
-                                   cpu_kernels=cpu_backend.enabled(members[0].model.config.cpu_kernels))
+  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing)
 
 
 def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:

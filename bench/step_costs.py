@@ -1,0 +1,97 @@
+"""Where a compiled train step's bytes and FLOPs go: per chip, by the part of the model each op comes from.
+
+Compiles the config's train step at its longest batch shape for a TPU slice (`aot.longest_train_step`, the
+program `--compile_only` and bench/fits.py compile) and reads its optimized HLO with `transformer_jax.hlo_costs`:
+each op costed from its shapes (loop bodies × trip count, custom calls by their cost estimate) and attributed by
+its op_name. Prints one JSON line per part and a Markdown table, with XLA's own totals beside the breakdown's.
+
+python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=v4-8 --mesh=data \
+    --set model.num_encoder_layers=2 --set model.num_decoder_layers=2
+"""
+
+import argparse
+import ast
+import time
+
+from bench import common
+from transformer_jax import aot
+from transformer_jax import config as config_lib
+from transformer_jax import hlo_costs
+
+
+def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
+  config = config_lib.load(path)
+  aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
+  config.model.dtype = 'bfloat16'
+  for override in overrides:
+    key, value = override.split('=', 1)
+    section, name = key.split('.', 1)
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      pass
+    config[section][name] = value
+  return config
+
+
+def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
+  program = aot.longest_train_step(config, topology)
+  start = time.perf_counter()
+  compiled = aot.compile_program(program)
+  seconds = time.perf_counter() - start
+  if dump_hlo:
+    with open(dump_hlo, 'w', encoding='utf-8') as f:
+      f.write(compiled.as_text())
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  ops = hlo_costs.op_costs(compiled.as_text())
+  parts = hlo_costs.breakdown(ops)
+  chips = aot.get_topology(topology).num_chips
+  rows, length = next(iter(program.args[1].values())).shape
+  return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
+          'compile_seconds': seconds,
+          'xla_bytes_accessed': float(cost['bytes accessed']), 'xla_flops': float(cost['flops']),
+          'bytes': sum(p.bytes for p in parts), 'flops': sum(p.flops for p in parts),
+          'model_flops_per_chip': program.model_flops / chips,
+          'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
+          'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
+          'parts': [vars(p) for p in parts]}
+
+
+def table(record: dict) -> str:
+  rows = [[p['name'], f'{p["bytes"] / 1e9:.2f}', f'{p["backward_bytes"] / 1e9:.2f}',
+           f'{p["borrowed_bytes"] / 1e9:.2f}', f'{100 * p["bytes"] / record["bytes"]:.0f}%',
+           f'{p["flops"] / 1e9:,.1f}', p['ops']] for p in record['parts']]
+  rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '', '100%', f'{record["flops"] / 1e9:,.1f}',
+               sum(p['ops'] for p in record['parts'])])
+  rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}', '',
+               '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
+  rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '',
+               f'{record["model_flops_per_chip"] / 1e9:,.1f}', ''])
+  return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'share', 'GFLOP',
+                                'ops'], rows)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--config', default='configs/wmt14_ende_base.py')
+  p.add_argument('--topology', default='v4-8')
+  p.add_argument('--mesh', default='data', choices=('data', 'fsdp', 'fsdp_tensor'))
+  p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
+                 help='a config override, e.g. model.num_encoder_layers=2 (repeatable)')
+  p.add_argument('--dump_hlo', default=None, help='also write the optimized HLO text to this file')
+  args = p.parse_args(argv)
+  record = measure(load_config(args.config, args.topology, args.mesh, args.set), args.topology, args.dump_hlo)
+  for part in record['parts']:
+    common.emit(dict(part, topology=args.topology, mesh=args.mesh, config=args.config, overrides=args.set))
+  common.emit({k: v for k, v in record.items() if k != 'parts'} | {'mesh': args.mesh, 'config': args.config,
+                                                                     'overrides': args.set})
+  print()
+  print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
+        f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
+  print()
+  print(table(record))
+
+
+if __name__ == '__main__':
+  main()

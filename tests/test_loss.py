@@ -1,0 +1,119 @@
+"""The chunked pre-softmax layer and loss (`loss.token_sums`) equal the whole-logits formula, values and gradients.
+
+Tolerances: float32 throughout; each value is a sum of a few dozen per-token terms, each from a log-sum-exp over
+the vocabulary, so rounding differs by a few ulps per term between the two orders of summation: rtol 1e-5
+(~80 × float32's 2^-23) bounds it with room, and is far below any real difference (a wrong smoothing weight or
+a dropped token changes the sums by >1e-2 relative).
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import loss
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+
+RTOL = 1e-5
+
+
+def _reference_sums(logits, targets, smoothing):
+  """Sums over non-pad tokens of the label-smoothed cross-entropy (minus the smoothed target's entropy), the NLL
+  and argmax hits, written out plainly: an explicit smoothed distribution against log_softmax."""
+  vocab = logits.shape[-1]
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  one_hot = jax.nn.one_hot(targets, vocab)
+  q = one_hot * (1 - smoothing) + (1 - one_hot) * smoothing / (vocab - 1)
+  entropy = -jnp.sum(jnp.where(q > 0, q * jnp.log(jnp.where(q > 0, q, 1.0)), 0.0), axis=-1)
+  mask = (targets > 0).astype(jnp.float32)
+  per_token = (-jnp.sum(q * log_probs, axis=-1) - entropy, -jnp.sum(one_hot * log_probs, axis=-1),
+               (jnp.argmax(log_probs, axis=-1) == targets).astype(jnp.float32))
+  return tuple(jnp.sum(x * mask) for x in per_token)
+
+
+def _inputs(seed=0, batch=3, length=11, d=8, vocab=29):
+  rng = np.random.default_rng(seed)
+  hidden = jnp.asarray(rng.normal(size=(batch, length, d)), jnp.float32)
+  weights = jnp.asarray(0.5 * rng.normal(size=(vocab, d)), jnp.float32)
+  targets = rng.integers(1, vocab, (batch, length))
+  targets[0, -4:] = 0  # padding at the end of one row and inside another
+  targets[1, 3] = 0
+  return hidden, weights, jnp.asarray(targets, jnp.int32)
+
+
+@pytest.mark.parametrize('smoothing', [0.1, 0.0])
+@pytest.mark.parametrize('chunk_length', [4, 11, 64])  # uneven chunks, one exact chunk, one chunk past the length
+@pytest.mark.parametrize('with_bias', [False, True])  # a logits bias (imported MarianMT models)
+def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias):
+  hidden, weights, targets = _inputs()
+  bias = jnp.asarray(np.random.default_rng(5).normal(size=weights.shape[0]), jnp.float32)
+
+  def objective(sums_fn, h, w, b):  # cotangents on the loss and on the NLL
+    loss_sum, nll_sum, correct = sums_fn(h, w, b if with_bias else None)
+    return loss_sum + 0.3 * nll_sum, (loss_sum, nll_sum, correct)
+
+  chunked = lambda h, w, b: tuple(loss.token_sums(h, w, b, targets, smoothing, chunk_length)[k]
+                                  for k in ('loss', 'nll', 'correct'))
+  whole = lambda h, w, b: _reference_sums(jnp.einsum('bld,vd->blv', h, w) + (0 if b is None else b), targets,
+                                          smoothing)
+  grad = lambda fn: jax.jit(jax.grad(functools.partial(objective, fn), argnums=(0, 1, 2), has_aux=True))(
+      hidden, weights, bias)
+  ours_grads, ours = grad(chunked)
+  ref_grads, ref = grad(whole)
+  np.testing.assert_allclose(ours, ref, rtol=RTOL)
+  for a, b in zip(ours_grads, ref_grads):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
+  assert (float(jnp.max(jnp.abs(ours_grads[2]))) > 0) == with_bias  # no bias: none gets a gradient
+  ours_h, ref_h = ours_grads[0], ref_grads[0]
+  assert float(jnp.max(jnp.abs(ref_h[0, -4:]))) == 0.0 and float(jnp.max(jnp.abs(ours_h[0, -4:]))) == 0.0  # pads
+  assert float(loss.token_sums(hidden, weights, None, targets, smoothing, chunk_length)['tokens']) == int(
+      jnp.sum(targets > 0))
+
+
+def test_the_loss_alone_differentiates_as_the_formula():
+  """Only the loss differentiated (as the train step does): the NLL's cotangent is a symbolic zero."""
+  hidden, weights, targets = _inputs(seed=1)
+  ours = jax.grad(lambda h, w: loss.token_sums(h, w, None, targets, 0.1, 5)['loss'], argnums=(0, 1))(hidden, weights)
+  ref = jax.grad(lambda h, w: _reference_sums(jnp.einsum('bld,vd->blv', h, w), targets, 0.1)[0],
+                 argnums=(0, 1))(hidden, weights)
+  for a, b in zip(ours, ref):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.parametrize('share_embeddings,logits_bias', [(True, False), (False, False), (True, True)])
+def test_model_loss_and_parameter_gradients_equal_those_through_the_logits(share_embeddings, logits_bias):
+  """Through the model: the hidden states and pre-softmax weights (`return_hidden`) give the loss and every
+  parameter's gradient of the logits path; with shared embeddings the table's gradient sums the lookups' and
+  the pre-softmax layer's."""
+  cfg = ModelConfig(vocab_size=37, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                    dropout=0.0, max_len=16, share_embeddings=share_embeddings, cpu_kernels='off',
+                    loss_chunk_length=3, logits_bias=logits_bias)
+  model = Transformer(cfg)
+  rng = np.random.default_rng(2)
+  inputs = jnp.asarray(rng.integers(1, 37, (2, 7)), jnp.int32)
+  targets = jnp.asarray(rng.integers(1, 37, (2, 8)), jnp.int32).at[1, 5:].set(0)
+  params = nn.unbox(model.init(jax.random.key(0), inputs, targets))['params']
+  if logits_bias:  # initialised to zeros: give it values that matter
+    params['decoder']['logits_bias'] = jnp.asarray(rng.normal(size=37), jnp.float32)
+
+  def chunked(p):
+    hidden, weights, bias = model.apply({'params': p}, inputs, targets, return_hidden=True)
+    return loss.token_sums(hidden, weights, bias, targets, 0.1, cfg.loss_chunk_length)['loss']
+
+  def whole(p):
+    return _reference_sums(model.apply({'params': p}, inputs, targets), targets, 0.1)[0]
+
+  ours, ours_grads = jax.jit(jax.value_and_grad(chunked))(params)
+  ref, ref_grads = jax.jit(jax.value_and_grad(whole))(params)
+  np.testing.assert_allclose(ours, ref, rtol=RTOL)
+  flat_ours, flat_ref = jax.tree_util.tree_flatten_with_path(ours_grads)[0], jax.tree.leaves(ref_grads)
+  for (path, a), b in zip(flat_ours, flat_ref):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))), err_msg=str(path))
+  table = 'shared_embedding' if share_embeddings else 'target_embedding'
+  assert float(jnp.max(jnp.abs(ref_grads[table]['embedding']))) > 1e-3  # a real gradient reaches the table
+  if not share_embeddings:
+    assert params['decoder']['logits']['kernel'].shape == (16, 37)  # the untied layer's parameters as before

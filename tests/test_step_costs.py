@@ -1,0 +1,108 @@
+"""hlo_costs and bench.step_costs: per-op bytes and FLOPs read from optimized HLO, and their model parts.
+
+A hand-written module checks the costing rules exactly (no compile); one small model compiled for a TPU slice
+checks the breakdown of a real train step against XLA's totals and the analytic FLOP count.
+"""
+
+import pytest
+
+from bench import step_costs
+from transformer_jax import hlo_costs
+
+_MODULE = """HloModule m, is_scheduled=true
+
+%fused_dot (param_0: f32[8,16], param_1: f32[16,4]) -> f32[8,4] {
+  %param_0 = f32[8,16]{1,0} parameter(0)
+  %param_1 = f32[16,4]{1,0} parameter(1)
+  %dot.1 = f32[8,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %exp.1 = f32[8,4]{1,0} exponential(%dot.1)
+}
+
+%fused_slice (param_0.1: bf16[64,16], param_1.1: s32[]) -> bf16[8,16] {
+  %param_0.1 = bf16[64,16]{1,0} parameter(0)
+  %param_1.1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %ds = bf16[8,16]{1,0} dynamic-slice(%param_0.1, %param_1.1, %zero), dynamic_slice_sizes={8,16}
+}
+
+%body (p: (s32[], f32[8,16], f32[16,4])) -> (s32[], f32[8,16], f32[16,4]) {
+  %p = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %w = f32[16,4]{1,0} get-tuple-element(%p), index=2
+  %fusion.1 = f32[8,4]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_dot, metadata={op_name="jit(f)/while/body/loss/dot_general" stack_frame_id=1}
+  ROOT %t = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) tuple(%i, %x, %w)
+}
+
+%cond (p.1: (s32[], f32[8,16], f32[16,4])) -> pred[] {
+  %p.1 = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) parameter(0)
+  ROOT %true = pred[] constant(true)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+ENTRY %main (a.1: f32[8,16], b.1: f32[16,4], c.1: bf16[64,16], i.1: s32[]) -> f32[8,4] {
+  %a.1 = f32[8,16]{1,0} parameter(0)
+  %b.1 = f32[16,4]{1,0} parameter(1)
+  %c.1 = bf16[64,16]{1,0} parameter(2)
+  %i.1 = s32[] parameter(3)
+  %zero.1 = s32[] constant(0)
+  %t.1 = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) tuple(%zero.1, %a.1, %b.1)
+  %while.1 = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%t.1), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %x.1 = f32[8,16]{1,0} get-tuple-element(%while.1), index=1
+  %sliced = bf16[8,16]{1,0} fusion(%c.1, %i.1), kind=kLoop, calls=%fused_slice, metadata={op_name="jit(f)/Transformer/encoder/embedder/gather" stack_frame_id=2}
+  %cc = f32[8,4]{1,0} custom-call(%x.1, %b.1), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"body": "eA==", "cost_estimate": {"flops": 1000, "transcendentals": 10, "bytes_accessed": 640}}}, metadata={op_name="jit(f)/Transformer/encoder/layer_0/self_attention/flash" stack_frame_id=3}
+  %plain = f32[8,4]{1,0} custom-call(%cc), custom_call_target="Sharding"
+  ROOT %ar = f32[8,4]{1,0} all-reduce(%plain), replica_groups={}, to_apply=%add, metadata={op_name="jit(f)/transpose(jvp(Transformer))/encoder/layer_0/ffn/wi/dot_general" stack_frame_id=4}
+}
+"""
+
+
+def test_each_op_is_costed_from_its_shapes_and_loops_count_their_trips():
+  ops = {op.name: op for op in hlo_costs.op_costs(_MODULE)}
+  assert set(ops) == {'fusion.1', 'sliced', 'cc', 'plain', 'ar'}  # views, tuples, parameters and loops are free
+  dot = ops['fusion.1']
+  assert dot.count == 5  # the loop body, by its known trip count
+  assert dot.flops == 2 * 8 * 4 * 16 and dot.transcendentals == 8 * 4
+  assert dot.bytes == 4 * (8 * 16 + 16 * 4 + 8 * 4)  # both operands read, the result written
+  assert ops['sliced'].bytes == 2 * (8 * 16 + 8 * 16) + 4  # only the slice of the table is read, and the index
+  assert (ops['cc'].flops, ops['cc'].bytes, ops['cc'].transcendentals) == (1000, 640, 10)  # its cost estimate
+  assert ops['cc'].estimated and not ops['plain'].estimated
+  assert ops['ar'].bytes == 2 * 4 * 8 * 4
+
+
+def test_ops_are_attributed_to_model_parts_by_their_op_names():
+  parts = {p.name: p for p in hlo_costs.breakdown(hlo_costs.op_costs(_MODULE))}
+  assert parts['pre-softmax layer + loss'].flops == 5 * 2 * 8 * 4 * 16
+  assert parts['embeddings'].ops == 1
+  assert parts['attention: kernels (custom calls)'].flops == 1000
+  assert parts['collectives'].bytes == parts['collectives'].backward_bytes == 2 * 4 * 8 * 4  # a collective first
+  # The custom call without metadata (as the compiler's memory moves) counts with the all-reduce it feeds.
+  assert parts['FFN'].ops == 1 and parts['FFN'].bytes == parts['FFN'].borrowed_bytes == 2 * 4 * 8 * 4
+  assert 'other (no model scope)' not in parts
+
+
+@pytest.mark.slow
+def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops():
+  """One layer per side of base width for v4-8 (as tests/test_aot.py): the matmul FLOPs attributed equal the
+  analytic count, the pre-softmax part carries its three [tokens × d × vocab] matmuls, and the parts sum up."""
+  config = step_costs.load_config('configs/wmt14_ende_base.py:runlocal', 'v4-8', 'data',
+                                  ['model.num_encoder_layers=1', 'model.num_decoder_layers=1',
+                                   'model.cpu_kernels=off'])
+  record = step_costs.measure(config, 'v4-8')
+  parts = {p['name']: p for p in record['parts']}
+  assert record['bytes'] == sum(p['bytes'] for p in parts.values())
+  assert record['flops'] == sum(p['flops'] for p in parts.values())
+  assert record['flops'] >= record['model_flops_per_chip']  # never below the analytic count
+  # The program has no loops, so XLA's FLOPs count the same ops; only elementwise conventions may differ.
+  non_matmul = record['flops'] - record['model_flops_per_chip']
+  assert abs(record['flops'] - record['xla_flops']) <= non_matmul
+  tokens = record['batch_rows'] * record['batch_length'] / record['num_chips']  # per chip: data parallel
+  d_model, vocab = config.model.d_model, config.model.vocab_size
+  matmuls = 3 * 2 * tokens * d_model * vocab  # forward, and the two gradients
+  # Besides them, a few dozen elementwise FLOPs per [token, vocab] element (softmax, smoothed target, masks).
+  assert matmuls <= parts['pre-softmax layer + loss']['flops'] <= matmuls + 32 * tokens * vocab

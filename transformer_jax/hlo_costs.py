@@ -1,0 +1,372 @@
+"""Per-op bytes and FLOPs of a compiled XLA program, read from its optimized HLO text, and the model part each op
+comes from (the Flax module path and scopes in the op's `op_name` metadata).
+
+XLA's `cost_analysis()` gives only totals, and counts a while loop's body once whatever its trip count. Here
+every top-level op (a fusion, a custom call, a collective, a copy) is costed from its shapes: bytes = what it
+reads (a fused parameter used only through slices reads only the slices) + what it writes; FLOPs = 2 per
+multiply-add of dots and convolutions plus one per element of other arithmetic and of reductions' inputs, as
+XLA's HloCostAnalysis counts them. An op inside a loop body counts `known_trip_count` times. A custom call
+(Pallas/Mosaic kernel) counts what its `cost_estimate` says, or nothing when it carries none (listed apart).
+"""
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable
+
+_ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\]')
+_ITEM_BITS = {'pred': 8, 'bf16': 16}
+
+
+def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
+  return [(dtype, tuple(int(d) for d in dims.split(',') if d)) for dtype, dims in _ARRAY_RE.findall(type_text)]
+
+
+def _bits(dtype: str) -> int:
+  return _ITEM_BITS.get(dtype) or int(re.sub(r'\D', '', dtype.split('e')[0]) or 8)
+
+
+def array_bytes(type_text: str) -> int:
+  """Bytes of every array in an HLO type (a tuple's elements summed); layouts are ignored."""
+  return sum(math.prod(dims) * _bits(dtype) // 8 for dtype, dims in _arrays(type_text))
+
+
+def _elements(type_text: str) -> int:
+  return sum(math.prod(dims) for _, dims in _arrays(type_text))
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  name: str
+  type: str  # the result type as printed, e.g. 'bf16[24,256,512]{2,1,0}' or a tuple
+  opcode: str
+  operands: tuple[str, ...]  # operand names; a parameter's number is in `arguments`
+  arguments: str  # the text between the opcode's parentheses
+  attributes: str
+  op_name: str  # metadata op_name ('' when absent)
+
+
+_HEADER_RE = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
+_INSTRUCTION_RE = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*')
+_OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
+_NAME_RE = re.compile(r'%([\w.\-]+)')
+
+
+def _balanced(text: str, start: int) -> int:
+  """The index just past the bracket group opening at text[start]."""
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] in '([{':
+      depth += 1
+    elif text[i] in ')]}':
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  raise ValueError(f'unbalanced HLO text: {text[start:start + 80]!r}')
+
+
+def _parse_instruction(line: str) -> Instruction | None:
+  head = _INSTRUCTION_RE.match(line)
+  if not head:
+    return None
+  rest = line[head.end():]
+  if rest.startswith('('):
+    end = _balanced(rest, 0)
+  else:
+    end = rest.index(' ')
+    if '{' in rest[:end]:  # a layout: f32[2,3]{1,0:T(8,128)}
+      end = _balanced(rest, rest.index('{'))
+  type_text, rest = rest[:end], rest[end:].lstrip()
+  paren = rest.index('(')
+  close = _balanced(rest, paren)
+  arguments, attributes = rest[paren + 1:close - 1], rest[close:]
+  found = _OP_NAME_RE.search(attributes)
+  return Instruction(head[1], type_text, rest[:paren], tuple(_NAME_RE.findall(arguments)), arguments, attributes,
+                     found[1] if found else '')
+
+
+def parse_module(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
+  """{computation name: its instructions} and the entry computation's name."""
+  computations, entry, current = {}, None, None
+  for line in hlo_text.splitlines():
+    if not line.strip() or line.startswith('HloModule'):
+      continue
+    if not line[0].isspace() and line.rstrip().endswith('{'):
+      header = _HEADER_RE.match(line)
+      current = header[2]
+      computations[current] = []
+      if header[1]:
+        entry = current
+    elif line.strip() == '}':
+      current = None
+    elif current is not None:
+      instruction = _parse_instruction(line)
+      if instruction is not None:
+        computations[current].append(instruction)
+  return computations, entry
+
+
+def _called(instruction: Instruction, key: str) -> str | None:
+  found = re.search(key + r'=%([\w.\-]+)', instruction.attributes)
+  return found[1] if found else None
+
+
+_BRANCHES_RE = re.compile(r'branch_computations=\{([^}]*)\}')
+_TRIP_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_COST_RE = re.compile(r'\\?"cost_estimate\\?":\s*(\{[^}]*\})')  # in a JSON string, its quotes may be escaped
+_TARGET_RE = re.compile(r'custom_call_target="([^"]*)"')
+
+# Ops that move no data of their own (views, tuples, control) or whose called computations are costed instead.
+_FREE = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'after-all', 'partition-id',
+         'replica-id', 'while', 'conditional', 'call', 'opt-barrier', 'add-dependency', 'domain'}
+_TRANSCENDENTAL = {'exponential', 'exponential-minus-one', 'log', 'log-plus-one', 'tanh', 'logistic', 'sqrt',
+                   'rsqrt', 'cbrt', 'power', 'sine', 'cosine', 'tan', 'atan2', 'erf'}
+_ELEMENTWISE = {'add', 'subtract', 'multiply', 'divide', 'maximum', 'minimum', 'negate', 'abs', 'compare',
+                'select', 'and', 'or', 'xor', 'not', 'remainder', 'sign', 'floor', 'ceil', 'round-nearest-even',
+                'round-nearest-afz', 'clamp', 'is-finite', 'shift-left', 'shift-right-logical',
+                'shift-right-arithmetic', 'popcnt', 'count-leading-zeros'}
+_SLICES = {'dynamic-slice', 'slice', 'gather'}
+COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+  """One top-level op of the program: bytes and FLOPs per execution, and executions per program run."""
+
+  name: str
+  opcode: str
+  op_name: str  # the op's metadata op_name (a fusion's is its root's)
+  bytes: float
+  flops: float
+  transcendentals: float
+  count: int  # executions per run: the product of the enclosing loops' trip counts
+  target: str = ''  # a custom call's target
+  estimated: bool = True  # False: a custom call without a cost estimate, counted as 0
+  borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
+
+  @property
+  def total_bytes(self) -> float:
+    return self.bytes * self.count
+
+  @property
+  def total_flops(self) -> float:
+    return self.flops * self.count
+
+
+def _contraction(instruction: Instruction, types: dict[str, str]) -> float:
+  """Multiply-adds per output element of a dot or convolution."""
+  if instruction.opcode == 'dot':
+    lhs = _arrays(types[instruction.operands[0]])[0][1]
+    dims = re.search(r'lhs_contracting_dims=\{([\d,]*)\}', instruction.attributes)
+    return math.prod(lhs[int(d)] for d in dims[1].split(',') if d) if dims else 1
+  lhs, rhs = (_arrays(types[o])[0][1] for o in instruction.operands[:2])
+  lhs_labels, rhs_labels, out_labels = re.search(r'dim_labels=(\w+)_(\w+)->(\w+)', instruction.attributes).groups()
+  out = _arrays(instruction.type)[0][1]
+  features = math.prod(n for label, n in zip(rhs_labels, rhs) if label == 'i')
+  window = re.search(r'window=\{([^}]*)\}', instruction.attributes)
+  if not window:
+    return features
+  fields = dict(field.split('=') for field in window[1].split())
+  per_dim = lambda key, default: [int(n) for n in fields[key].split('x')] if key in fields else default
+  sizes = per_dim('size', [])
+  ones = [1] * len(sizes)
+  strides, lhs_dilate, rhs_dilate = per_dim('stride', ones), per_dim('lhs_dilate', ones), per_dim('rhs_dilate', ones)
+  pads = [int(p.split('_')[0]) for p in fields['pad'].split('x')] if 'pad' in fields else [0] * len(sizes)
+  # Batch dimensions of a dot often become padded or dilated spatial ones: count only the taps of each window
+  # that meet an input element (not padding, not a hole of the dilation), per output element on average.
+  taps = 1.0
+  for k, size in enumerate(sizes):
+    n, out_n = lhs[lhs_labels.index(str(k))], out[out_labels.index(str(k))]
+    valid = sum(1 for o in range(out_n) for t in range(size)
+                if (p := o * strides[k] + t * rhs_dilate[k] - pads[k]) >= 0 and p <= (n - 1) * lhs_dilate[k]
+                and p % lhs_dilate[k] == 0)
+    taps *= valid / out_n
+  return features * taps
+
+
+def _flops(computation: list[Instruction], computations: dict) -> tuple[float, float]:
+  """(FLOPs, transcendentals) of one evaluation of a computation (fusions inside it included)."""
+  types = {i.name: i.type for i in computation}
+  flops = transcendentals = 0.0
+  for i in computation:
+    if i.opcode in ('dot', 'convolution'):
+      flops += 2.0 * _elements(i.type) * _contraction(i, types)
+    elif i.opcode in _TRANSCENDENTAL:
+      transcendentals += _elements(i.type)
+    elif i.opcode in _ELEMENTWISE:
+      flops += _elements(i.type)
+    elif i.opcode in ('reduce', 'reduce-window'):
+      reducer = computations.get(_called(i, 'to_apply'), [])
+      per_element = sum(1 for r in reducer if r.opcode in _ELEMENTWISE) or 1
+      flops += per_element * sum(_elements(types[o]) for o in i.operands[:len(i.operands) // 2])
+    elif i.opcode == 'fusion':
+      inner = _flops(computations[_called(i, 'calls')], computations)
+      flops, transcendentals = flops + inner[0], transcendentals + inner[1]
+  return flops, transcendentals
+
+
+def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> float:
+  """Bytes a fusion reads: each parameter whole, or only the slices taken of it where slicing is its only use."""
+  users = {}
+  for i in fused:
+    for operand in i.operands:
+      users.setdefault(operand, []).append(i)
+  total = 0.0
+  for i in fused:
+    if i.opcode != 'parameter':
+      continue
+    whole = array_bytes(operand_types[int(i.arguments)])
+    uses = users.get(i.name, [])
+    if uses and all(u.opcode in _SLICES and u.operands[0] == i.name for u in uses):
+      total += min(whole, sum(array_bytes(u.type) for u in uses))
+    else:
+      total += whole
+  return total
+
+
+def _borrowed_names(body: list[Instruction]) -> dict[str, str]:
+  """For each op without op_name metadata (the compiler's memory moves and layout copies), the op_name of the
+  nearest op it feeds that has one, else of the nearest op feeding it."""
+  users = {}
+  for i in body:
+    for operand in i.operands:
+      users.setdefault(operand, []).append(i.name)
+  by_name = {i.name: i for i in body}
+  borrowed = {}
+  for i in body:
+    if i.op_name:
+      continue
+    for neighbours in (lambda n: users.get(n, []), lambda n: by_name[n].operands if n in by_name else ()):
+      frontier, seen = [i.name], {i.name}
+      while frontier and i.name not in borrowed:
+        frontier = [n for f in frontier for n in neighbours(f) if n not in seen and not seen.add(n)]
+        named = [by_name[n].op_name for n in frontier if n in by_name and by_name[n].op_name]
+        if named:
+          borrowed[i.name] = named[0]
+  return borrowed
+
+
+def op_costs(hlo_text: str) -> list[OpCost]:
+  """Every top-level op of a compiled module with its costs (fusion bodies are costed inside their fusion)."""
+  computations, entry = parse_module(hlo_text)
+  costs = []
+
+  def visit(name: str, count: int):
+    body = computations[name]
+    types = {i.name: i.type for i in body}
+    borrowed = _borrowed_names(body)
+    for i in body:
+      if i.name in borrowed:
+        i = dataclasses.replace(i, op_name=borrowed[i.name])
+        moves.add(i.name)
+      if i.opcode == 'while':
+        trips = _TRIP_RE.search(i.attributes)
+        n = int(trips[1]) if trips else 1
+        visit(_called(i, 'body'), count * n)
+        visit(_called(i, 'condition'), count * (n + 1))
+        continue
+      if i.opcode == 'conditional':
+        for branch in _NAME_RE.findall(_BRANCHES_RE.search(i.attributes)[1]):
+          visit(branch, count)  # an upper bound: every branch counted
+        continue
+      if i.opcode == 'call':
+        visit(_called(i, 'to_apply'), count)
+        continue
+      if i.opcode in _FREE or i.opcode.endswith('-start'):  # an asynchronous op is costed at its '-done'
+        continue
+      operand_types = [types.get(o, '') for o in i.operands]
+      written = array_bytes(i.type)
+      if i.opcode == 'fusion':
+        fused = computations[_called(i, 'calls')]
+        flops, transcendentals = _flops(fused, computations)
+        costs.append(OpCost(i.name, 'fusion', i.op_name,
+                            _fusion_reads(fused, operand_types) + written, flops, transcendentals, count))
+      elif i.opcode == 'custom-call':
+        estimate = _COST_RE.search(i.attributes)
+        target = _TARGET_RE.search(i.attributes)
+        if estimate:
+          e = json.loads(estimate[1].replace('\\"', '"'))
+          costs.append(OpCost(i.name, i.opcode, i.op_name, float(e.get('bytes_accessed', 0)),
+                              float(e.get('flops', 0)), float(e.get('transcendentals', 0)), count,
+                              target[1] if target else ''))
+        else:
+          costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, 0.0,
+                              0.0, count, target[1] if target else '', estimated=False))
+      elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once
+        costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count))
+      else:
+        flops, transcendentals = _flops([*(Instruction(o, t, 'parameter', (), '', '', '')
+                                           for o, t in zip(i.operands, operand_types)), i], computations)
+        costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, flops,
+                            transcendentals, count))
+  moves = set()
+  visit(entry, 1)
+  return [dataclasses.replace(c, borrowed=True) if c.name in moves else c for c in costs]
+
+
+# --- the model part of each op
+
+PARTS = ('embeddings', 'attention: scores', 'attention: mask', 'attention: softmax', 'attention: weighted sum',
+         'attention: kernels (custom calls)', 'attention projections', 'FFN', 'layer norm + dropout + residual',
+         'pre-softmax layer + loss', 'optimizer update', 'collectives', 'other (no model scope)')
+_SCORES, _WEIGHTED_SUM = 'bqhd,bkhd->bhqk', 'bhqk,bkhd->bqhd'  # attention.reference_attention's einsums
+_MASK_PRIMITIVES = ('select_n', 'and', 'eq', 'ne', 'le', 'lt', 'ge', 'gt', 'iota', 'any', 'reduce_or')
+_PROJECTIONS = ('/query/', '/key/', '/value/', '/out/')
+
+
+def part_of(op: OpCost) -> str:
+  """The model part an op comes from, read from its op_name (Flax module path and the steps' named scopes)."""
+  name = op.op_name
+  if op.opcode in COLLECTIVES:
+    return 'collectives'
+  if '/optimizer/' in name:
+    return 'optimizer update'
+  if re.search(r'[/(]loss[)/]|/decoder/logits/|\.attend/|/decoder/[^/]*->|/decoder/dot_general', name):
+    return 'pre-softmax layer + loss'
+  if '/embedder/' in name:
+    return 'embeddings'
+  if re.search(r'attention/', name):
+    if any(p in name for p in _PROJECTIONS):
+      return 'attention projections'
+    if op.opcode == 'custom-call' and not op.borrowed:
+      return 'attention: kernels (custom calls)'
+    if _SCORES in name:
+      return 'attention: scores'
+    if _WEIGHTED_SUM in name:
+      return 'attention: weighted sum'
+    primitive = name.rsplit('/', 1)[-1]
+    return 'attention: mask' if primitive in _MASK_PRIMITIVES or '/jit(_where)' in name else 'attention: softmax'
+  if '/ffn/' in name:
+    return 'FFN'
+  if '_block/' in name or '/final_norm/' in name:
+    return 'layer norm + dropout + residual'
+  return 'other (no model scope)'
+
+
+def is_backward(op: OpCost) -> bool:
+  return 'transpose(' in op.op_name
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  name: str
+  bytes: float
+  flops: float
+  backward_bytes: float
+  backward_flops: float
+  borrowed_bytes: float  # of ops without op_name of their own (memory moves, layout copies): see `_borrowed_names`
+  ops: int
+
+
+def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> list[Part]:
+  """Per-part sums of the ops' bytes and FLOPs (loop trip counts included), in `PARTS` order."""
+  sums = {}
+  for op in costs:
+    name = part(op)
+    b, f, bb, bf, mb, n = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0))
+    back = is_backward(op)
+    sums[name] = (b + op.total_bytes, f + op.total_flops, bb + back * op.total_bytes, bf + back * op.total_flops,
+                  mb + op.borrowed * op.total_bytes, n + 1)
+  order = {name: i for i, name in enumerate(PARTS)}
+  return [Part(name, *values) for name, values in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order)))]
