@@ -237,6 +237,8 @@ def test_evaluation_cuts_sentences_longer_than_learned_positions_and_counts_them
     def encode(self, text):
       return [4 + len(word) for word in text.split()]
 
+    encode_target = encode  # one vocabulary for both sides
+
   pairs = [('a b c', 'd e'), ('a b c d e f g h', 'x'), ('a', 'b c d e f g h i j')]
   assert pipeline.count_over(pairs, Words(), 5) == 2 and pipeline.count_over(pairs, Words(), None) == 0
   batch = next(pipeline.make_eval_batches(pairs, Words(), 3, max_length=5))

@@ -15,6 +15,8 @@ from transformer_jax import files
 from configs.table3 import VARIANTS
 
 CONFIG_DIR = os.path.join(helpers.REPO, 'configs')
+# Config files that need an argument, with one to test them by: fine_tune takes a converted (or any) run's workdir.
+REQUIRED_ARGS = {'fine_tune': os.path.join(helpers.REPO, 'tests', 'data', 'legacy_run')}
 PAPER_FILES = ('wmt14_ende_base', 'wmt14_ende_big', 'wmt14_enfr_big', 'wsj_parsing')
 
 
@@ -55,7 +57,7 @@ def _all_args():
   for name in _config_files():
     module = files.load_python(os.path.join(CONFIG_DIR, f'{name}.py'), 'get_config', 'config file')
     args = list(getattr(module, 'ARGS', ()))
-    cases += [(name, None)] + [(name, arg) for arg in args]
+    cases += [(name, REQUIRED_ARGS.get(name))] + [(name, arg) for arg in args]
     if args:
       cases.append((name, 'runlocal,gpu8'))
   return cases
@@ -63,6 +65,12 @@ def _all_args():
 
 def test_expected_config_files_exist():
   assert set(PAPER_FILES) | {'default'} <= set(_config_files())
+
+
+@pytest.mark.parametrize('name', sorted(REQUIRED_ARGS))
+def test_a_config_that_needs_an_argument_says_so_in_one_line(name):
+  with pytest.raises(ValueError, match=rf'configs/{name}\.py takes .*: --config=configs/{name}\.py:'):
+    _load(name)
 
 
 @pytest.mark.parametrize('name,arg', _all_args())

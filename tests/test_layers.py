@@ -13,11 +13,11 @@ REPO = pathlib.Path(helpers.REPO)
 LAYERS = {
     1: ('train', 'eval', 'sweep', 'transformer_jax.cli', 'transformer_jax.translate', 'transformer_jax.generate',
         'transformer_jax.attention_plots', 'transformer_jax.prepare_tfds', 'transformer_jax.export.__main__',
-        'transformer_jax.convert'),
+        'transformer_jax.convert.__main__'),
     2: ('transformer_jax.trainer', 'transformer_jax.reporting', 'transformer_jax.scoring', 'transformer_jax.scores',
         'transformer_jax.significance', 'transformer_jax.sweep', 'transformer_jax.aot', 'transformer_jax.export',
         'transformer_jax.export.serving', 'transformer_jax.export.hf', 'transformer_jax.export.marian',
-        'transformer_jax.export.card', 'transformer_jax.hlo_costs'),
+        'transformer_jax.export.card', 'transformer_jax.hlo_costs', 'transformer_jax.convert'),
     3: ('transformer_jax.restoring', 'transformer_jax.generation'),
     4: ('transformer_jax.run_builder', 'transformer_jax.steps', 'transformer_jax.optim', 'transformer_jax.checkpoint',
         'transformer_jax.preemption', 'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),

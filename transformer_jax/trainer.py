@@ -128,7 +128,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   cleanup.enter_context(checkpoint.closing(manager))
   stop.watch(manager)
   latest, damaged = None, []
-  if manager.all_steps() == [0] and checkpoint.holds_params_only(manager, 0):  # an imported model (convert.py)
+  if manager.all_steps() == [0] and checkpoint.holds_params_only(manager, 0):  # an imported model (transformer_jax.convert)
     state = dataclasses.replace(run.initial_state(),
                                 params=checkpoint.restore_params(manager, 0, run.abstract_state.params))
     logging.info('training starts from the imported params of step 0 in %s', run_dir.checkpoints)

@@ -1,5 +1,5 @@
 """Imports a transformers MarianMT checkpoint (e.g. OPUS-MT) as a workdir at step 0, to evaluate, translate,
-export or fine-tune: python -m transformer_jax.convert --from_hf=DIR_OR_CACHED_HUB_ID --workdir=NEW
+export or fine-tune; its command is `__main__.py` (python -m transformer_jax.convert --from_hf=... --workdir=NEW).
 
 NEW gets config.json (the `model` section matching the checkpoint, `tokenizer` its vocabulary), the tokenizer
 (tokenizer/source.spm, target.spm and pieces.json: Marian's pieces in our ids) and a params-only checkpoint at step
@@ -13,11 +13,8 @@ import os
 import flax.linen as nn
 import jax
 import numpy as np
-from absl import app
-from absl import flags
 
 from transformer_jax import checkpoint
-from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import files
 from transformer_jax import model as model_lib
@@ -26,11 +23,6 @@ from transformer_jax.export import hf
 from transformer_jax.export import marian
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.workdir import Workdir
-
-_FROM_HF = flags.DEFINE_string('from_hf', None, 'A transformers MarianMT checkpoint: its directory, or a hub id in '
-                               'the local Hugging Face cache.', required=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The new workdir to write (new or empty).', required=True)
-
 
 def special_ids(source: hf.Checkpoint) -> dict[str, int]:
   """Marian's pad, eos, decoder start and unk ids (config.json and vocab.json)."""
@@ -108,16 +100,3 @@ def _check_shapes(cfg: ModelConfig, params, directory: str) -> None:
   if shapes(wanted) != shapes(params):
     raise ValueError(f'{directory}: the weights do not have the shapes its config.json describes; download the '
                      'checkpoint again.')
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}.')
-  directory = hf.resolve(_FROM_HF.value)
-  cfg = import_checkpoint(directory, _WORKDIR.value)
-  print(f'wrote {_WORKDIR.value}: a {cfg.num_encoder_layers}+{cfg.num_decoder_layers}-layer MarianMT model '
-        f'(d_model {cfg.d_model}, {cfg.vocab_size} ids) from {directory} at step 0')
-
-
-if __name__ == '__main__':
-  cli.run(main)
