@@ -55,6 +55,7 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
           'model_flops_per_chip': program.model_flops / chips,
           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
+          'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
           'parts': [vars(p) for p in parts]}
 
 
@@ -66,6 +67,8 @@ def table(record: dict) -> str:
                sum(p['ops'] for p in record['parts'])])
   rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}', '',
                '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
+  rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '',
+               f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', ''])
   rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '',
                f'{record["model_flops_per_chip"] / 1e9:,.1f}', ''])
   return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'share', 'GFLOP',

@@ -45,11 +45,14 @@ _MODULE = """HloModule m, is_scheduled=true
   ROOT %sum = f32[] add(%a, %b)
 }
 
-ENTRY %main (a.1: f32[8,16], b.1: f32[16,4], c.1: bf16[64,16], i.1: s32[]) -> f32[8,4] {
+ENTRY %main (a.1: f32[8,16], b.1: f32[16,4], c.1: bf16[64,16], i.1: s32[], q.1: bf16[2,3,16,8], k.1: bf16[2,3,32,8]) -> f32[8,4] {
   %a.1 = f32[8,16]{1,0} parameter(0)
   %b.1 = f32[16,4]{1,0} parameter(1)
   %c.1 = bf16[64,16]{1,0} parameter(2)
   %i.1 = s32[] parameter(3)
+  %q.1 = bf16[2,3,16,8]{3,2,1,0} parameter(4)
+  %k.1 = bf16[2,3,32,8]{3,2,1,0} parameter(5)
+  %splash_mha_dq_segmented.1 = bf16[2,3,16,8]{3,2,1,0} custom-call(%i.1, %q.1, %k.1, %k.1), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"body": "eA=="}}
   %zero.1 = s32[] constant(0)
   %t.1 = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) tuple(%zero.1, %a.1, %b.1)
   %while.1 = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}) while(%t.1), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
@@ -64,14 +67,20 @@ ENTRY %main (a.1: f32[8,16], b.1: f32[16,4], c.1: bf16[64,16], i.1: s32[]) -> f3
 
 def test_each_op_is_costed_from_its_shapes_and_loops_count_their_trips():
   ops = {op.name: op for op in hlo_costs.op_costs(_MODULE)}
-  assert set(ops) == {'fusion.1', 'sliced', 'cc', 'plain', 'ar'}  # views, tuples, parameters and loops are free
+  assert set(ops) == {'fusion.1', 'sliced', 'cc', 'plain', 'ar', 'splash_mha_dq_segmented.1'}  # views, tuples,
+  # parameters and loops are free
   dot = ops['fusion.1']
   assert dot.count == 5  # the loop body, by its known trip count
   assert dot.flops == 2 * 8 * 4 * 16 and dot.transcendentals == 8 * 4
   assert dot.bytes == 4 * (8 * 16 + 16 * 4 + 8 * 4)  # both operands read, the result written
   assert ops['sliced'].bytes == 2 * (8 * 16 + 8 * 16) + 4  # only the slice of the table is read, and the index
   assert (ops['cc'].flops, ops['cc'].bytes, ops['cc'].transcendentals) == (1000, 640, 10)  # its cost estimate
-  assert ops['cc'].estimated and not ops['plain'].estimated
+  assert ops['cc'].estimated and not ops['plain'].estimated and ops['plain'].flops == 0
+  # An attention kernel without an estimate: its matmuls' FLOPs from q [2, 3, 16, 8] and k [2, 3, 32, 8] (the dq
+  # kernel: q·kᵀ, do·vᵀ and ds·k), its operands and result as bytes.
+  splash = ops['splash_mha_dq_segmented.1']
+  assert not splash.estimated and splash.flops == 3 * 2 * (2 * 3 * 16 * 32 * 8)
+  assert splash.bytes == 4 + 2 * (2 * 3 * 16 * 8) * 2 + 2 * (2 * 2 * 3 * 32 * 8)
   assert ops['ar'].bytes == 2 * 4 * 8 * 4
 
 
@@ -79,7 +88,11 @@ def test_ops_are_attributed_to_model_parts_by_their_op_names():
   parts = {p.name: p for p in hlo_costs.breakdown(hlo_costs.op_costs(_MODULE))}
   assert parts['pre-softmax layer + loss'].flops == 5 * 2 * 8 * 4 * 16
   assert parts['embeddings'].ops == 1
-  assert parts['attention: kernels (custom calls)'].flops == 1000
+  # The kernels by their cost estimate or by their shapes; the splash kernel, which has no op_name (as the TPU
+  # compiler leaves them), by its instruction's name, and in the backward pass as a dq kernel.
+  kernels = parts['attention: kernels (custom calls)']
+  assert kernels.flops == 1000 + 6 * (2 * 3 * 16 * 32 * 8) and kernels.ops == 2
+  assert kernels.backward_bytes == hlo_costs.op_costs(_MODULE)[0].bytes  # the splash kernel (no loop, first)
   assert parts['collectives'].bytes == parts['collectives'].backward_bytes == 2 * 4 * 8 * 4  # a collective first
   # The custom call without metadata (as the compiler's memory moves) counts with the all-reduce it feeds.
   assert parts['FFN'].ops == 1 and parts['FFN'].bytes == parts['FFN'].borrowed_bytes == 2 * 4 * 8 * 4
@@ -98,9 +111,11 @@ def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops(
   assert record['bytes'] == sum(p['bytes'] for p in parts.values())
   assert record['flops'] == sum(p['flops'] for p in parts.values())
   assert record['flops'] >= record['model_flops_per_chip']  # never below the analytic count
-  # The program has no loops, so XLA's FLOPs count the same ops; only elementwise conventions may differ.
+  # The program has no loops, so XLA's FLOPs count the same ops, except the attention kernels' that carry no
+  # cost estimate; only elementwise conventions may differ.
   non_matmul = record['flops'] - record['model_flops_per_chip']
-  assert abs(record['flops'] - record['xla_flops']) <= non_matmul
+  assert record['kernel_flops'] > 0
+  assert abs(record['flops'] - (record['xla_flops'] + record['kernel_flops'])) <= non_matmul
   tokens = record['batch_rows'] * record['batch_length'] / record['num_chips']  # per chip: data parallel
   d_model, vocab = config.model.d_model, config.model.vocab_size
   matmuls = 3 * 2 * tokens * d_model * vocab  # forward, and the two gradients

@@ -175,7 +175,8 @@ class Analysis:
 
   HBM total = arguments + outputs that do not reuse a donated argument + temporaries + generated code (XLA's
   buffer assignment, the same accounting as `memory_analysis()`). `flops` and `bytes_accessed` are XLA's cost
-  analysis of the per-chip program; the step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower
+  analysis of the per-chip program, `flops` plus those of the attention kernels that carry no cost estimate
+  (`hlo_costs.attention_kernel_flops`, which XLA counts as none); the step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower
   bound that ignores communication and assumes perfect overlap, and `mfu_bound` the MFU it would allow.
 
   XLA refuses to compile a TPU program whose buffers exceed HBM: then `compile_error` holds its message, the
@@ -271,11 +272,13 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   arguments['other'] = memory.argument_size_in_bytes - sum(arguments.values())
+  text = compiled.as_text()
+  kernel_flops = sum(op.total_flops for op in hlo_costs.op_costs(text) if not op.estimated)
   return Analysis(
       **common, arguments=arguments, argument_bytes=memory.argument_size_in_bytes,
       output_bytes=memory.output_size_in_bytes - memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
-      code_bytes=memory.generated_code_size_in_bytes, flops=float(cost.get('flops', 0.0)),
-      bytes_accessed=float(cost.get('bytes accessed', 0.0)), collectives=parse_collectives(compiled.as_text()),
+      code_bytes=memory.generated_code_size_in_bytes, flops=float(cost.get('flops', 0.0)) + kernel_flops,
+      bytes_accessed=float(cost.get('bytes accessed', 0.0)), collectives=parse_collectives(text),
       compile_seconds=seconds)
 
 

@@ -1,6 +1,7 @@
-"""The accelerators' Pallas flash-attention kernels, `flash_tpu` and `flash_gpu`, each run by `jax.shard_map` on
-every device's block of batch × heads of the context mesh. They serve what their kernels can (`attention.serving`
-sends the rest to the XLA implementations); `interpret_kernels` runs them on a CPU for tests."""
+"""The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention) and `flash_gpu`, each
+run by `jax.shard_map` on every device's block of batch × heads of the context mesh. They serve what their
+kernels can (`attention.serving` sends the rest to the XLA implementations); `interpret_kernels` runs them on a
+CPU for tests."""
 
 import contextlib
 import contextvars
@@ -32,32 +33,6 @@ def interpret_kernels():
     yield
   finally:
     _INTERPRET.reset(token)
-
-
-def _tpu_interpreted(fn):
-  """fn with the Pallas TPU kernels of its forward and backward passes traced in interpret mode.
-
-  The kernel's backward pass is traced when gradients are taken, after `fn` returns: a custom VJP re-enters
-  interpret mode there. Mode `True` is Pallas's plain interpreter (a scan over the grid); the default
-  `InterpretParams` simulates TPU memory with host callbacks, and deadlocked in eager use here.
-  """
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-
-  @jax.custom_vjp
-  def run(*args):
-    with pltpu.force_tpu_interpret_mode(True):
-      return fn(*args)
-
-  def forward(*args):
-    with pltpu.force_tpu_interpret_mode(True):
-      return jax.vjp(fn, *args)
-
-  def backward(vjp, cotangent):
-    with pltpu.force_tpu_interpret_mode(True):
-      return vjp(cotangent)
-
-  run.defvjp(forward, backward)
-  return run
 
 
 def _segment_ids(valid, segment, pad_id):
@@ -99,37 +74,38 @@ def _per_device(kernel, q, k, v, q_ids, kv_ids):
 
 
 def flash_tpu_attention(q, k, v, spec):
-  """The Pallas TPU flash-attention kernel (`jax.experimental.pallas.ops.tpu.flash_attention`).
+  """The Pallas TPU splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`).
 
-  Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's own
-  mask. Its blocks need key lengths in multiples of 128 and query lengths in multiples of 8 (of 128 above
-  128): both are padded here, and head dims to max(d_k, d_v) (a multiple of 128 above 128). Not for cached
-  decoding (`attention.serving` sends that elsewhere).
+  Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's static
+  mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query. Its blocks need key
+  lengths in multiples of 128 and query lengths in multiples of 8 (of 128 above 128): both are padded here, and
+  head dims to max(d_k, d_v). Not for cached decoding (`attention.serving` sends that elsewhere).
   """
   platform = sharding.target_platform()
   if platform not in ('tpu', 'cpu'):
     raise ValueError(f"model.attention='flash_tpu' is the TPU kernel; on {platform} use 'flash_gpu' or "
                      "'dot_product'.")
-  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask  # pylint: disable=g-import-not-at-top
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
-  q_size = _round_up(q_len, 128 if q_len > 128 else 8)
-  k_size = _round_up(k_len, 128)
-  head = max(d_k, d_v) if max(d_k, d_v) <= 128 else _round_up(max(d_k, d_v), 128)
-  block_q = min(128, q_size)
-  blocks = tpu_flash.BlockSizes(
-      block_q=block_q, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=block_q,
-      block_k_major_dkv=128, block_k_dkv=128, block_q_dkv=block_q, block_k_major_dq=128, block_k_dq=128,
-      block_q_dq=block_q)
+  q_size, k_size, head = _round_up(q_len, 128), _round_up(k_len, 128), max(d_k, d_v)
+  blocks = splash.BlockSizes(block_q=128, block_kv=128, block_q_dkv=128, block_kv_dkv=128, block_q_dq=128,
+                             block_kv_dq=128)
 
   def kernel(q, k, v, q_ids, kv_ids):
+    heads = q.shape[2]
+    shape = (q_size, k_size)
+    one = splash_mask.CausalMask(shape) if spec.causal else splash_mask.FullMask(shape)
+    attend = splash.make_splash_mha(splash_mask.MultiHeadMask([one] * heads), block_sizes=blocks, head_shards=1,
+                                    q_seq_shards=1, interpret=_INTERPRET.get())
     heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
-    out = tpu_flash.flash_attention(
-        heads_major(q), heads_major(k), heads_major(v), segment_ids=tpu_flash.SegmentIds(q_ids, kv_ids),
-        causal=spec.causal, sm_scale=1.0 / math.sqrt(d_k), block_sizes=blocks)
+    scaled = q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
+    out = jax.vmap(lambda q, k, v, qi, ki: attend(q, k, v, segment_ids=splash.SegmentIds(qi, ki)))(
+        heads_major(scaled), heads_major(k), heads_major(v), q_ids, kv_ids)
     return heads_major(out)
 
   out = _per_device(
-      _tpu_interpreted(kernel) if _INTERPRET.get() else kernel,
+      kernel,
       _pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
       _pad_to(_pad_to(v, 1, k_size), 3, head),
       _pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),

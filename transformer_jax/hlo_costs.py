@@ -6,7 +6,9 @@ every top-level op (a fusion, a custom call, a collective, a copy) is costed fro
 reads (a fused parameter used only through slices reads only the slices) + what it writes; FLOPs = 2 per
 multiply-add of dots and convolutions plus one per element of other arithmetic and of reductions' inputs, as
 XLA's HloCostAnalysis counts them. An op inside a loop body counts `known_trip_count` times. A custom call
-(Pallas/Mosaic kernel) counts what its `cost_estimate` says, or nothing when it carries none (listed apart).
+(Pallas/Mosaic kernel) counts what its `cost_estimate` says. One without an estimate counts its operands and
+results as bytes, and FLOPs only when it is an attention kernel whose matmuls its shapes give
+(`ATTENTION_KERNELS`); such calls are marked `estimated=False`.
 """
 
 import dataclasses
@@ -154,6 +156,34 @@ class OpCost:
     return self.flops * self.count
 
 
+# Attention kernels that carry no cost estimate (jax's splash-attention kernels, `flash_attention.py`), by the
+# prefix of their instruction's name: FLOPs per batch row × head × query × key × head dim, 2 per multiply-add of
+# their matmuls (forward q·kᵀ and p·v; the backward's dq kernel recomputes q·kᵀ and forms do·vᵀ and ds·k, its dkv
+# kernel q·kᵀ, do·vᵀ, pᵀ·do and dsᵀ·q), every block counted, masked or not, as jax's flash kernel's forward
+# estimate counts them, and whether the kernel belongs to the backward pass. q and k are the first two rank-4
+# operands, [batch, heads, length, head dim]. The TPU compiler leaves these calls no op_name of their own: they
+# take their instruction's name as one, so that the memory moves around them count with them.
+ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), 'splash_mha_dkv': (8, True)}
+
+
+def _attention_kernel(name: str) -> tuple[int, bool]:
+  return next((kernel for prefix, kernel in ATTENTION_KERNELS.items() if name.startswith(prefix)), (0, False))
+
+
+def _attention_kernel_factor(name: str) -> int:
+  return _attention_kernel(name)[0]
+
+
+def attention_kernel_flops(name: str, operand_types: list[str]) -> float:
+  """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' shapes; 0 for any other custom call."""
+  factor = _attention_kernel_factor(name)
+  if not factor:
+    return 0.0
+  (batch, heads, q_len, head_dim), (_, _, k_len, _) = [
+      dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
+  return float(factor * batch * heads * q_len * k_len * head_dim)
+
+
 def _contraction(instruction: Instruction, types: dict[str, str]) -> float:
   """Multiply-adds per output element of a dot or convolution."""
   if instruction.opcode == 'dot':
@@ -253,7 +283,8 @@ def op_costs(hlo_text: str) -> list[OpCost]:
   costs = []
 
   def visit(name: str, count: int):
-    body = computations[name]
+    body = [dataclasses.replace(i, op_name=i.name) if i.opcode == 'custom-call' and not i.op_name
+            and _attention_kernel_factor(i.name) else i for i in computations[name]]
     types = {i.name: i.type for i in body}
     borrowed = _borrowed_names(body)
     for i in body:
@@ -291,8 +322,9 @@ def op_costs(hlo_text: str) -> list[OpCost]:
                               float(e.get('flops', 0)), float(e.get('transcendentals', 0)), count,
                               target[1] if target else ''))
         else:
-          costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, 0.0,
-                              0.0, count, target[1] if target else '', estimated=False))
+          costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written,
+                              attention_kernel_flops(i.name, operand_types), 0.0, count,
+                              target[1] if target else '', estimated=False))
       elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once
         costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count))
       else:
@@ -320,6 +352,8 @@ def part_of(op: OpCost) -> str:
   name = op.op_name
   if op.opcode in COLLECTIVES:
     return 'collectives'
+  if _attention_kernel_factor(name):
+    return 'attention: kernels (custom calls)'
   if '/optimizer/' in name:
     return 'optimizer update'
   if re.search(r'[/(]loss[)/]|/decoder/logits/|\.attend/|/decoder/[^/]*->|/decoder/dot_general', name):
@@ -345,7 +379,7 @@ def part_of(op: OpCost) -> str:
 
 
 def is_backward(op: OpCost) -> bool:
-  return 'transpose(' in op.op_name
+  return 'transpose(' in op.op_name or _attention_kernel(op.op_name)[1]
 
 
 @dataclasses.dataclass(frozen=True)
