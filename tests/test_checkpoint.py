@@ -77,7 +77,8 @@ def _abstract_state(config):
   mesh, rules = sharding.mesh_and_rules(config.mesh)
   model, tx, _ = helpers.train_objects(config)
   abstract, _ = steps.abstract_state_and_shardings(model, tx, config.train.seed,
-                                                   (sharding.data_parallel_size(mesh), 8), mesh, rules)
+                                                   (sharding.data_parallel_size(mesh), 8), mesh, rules,
+                                                   shard_optimizer=config.mesh.shard_optimizer)
   return abstract
 
 

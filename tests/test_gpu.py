@@ -43,7 +43,7 @@ def test_bf16_train_step_follows_the_float32_step():
     config = helpers.tiny_config(model__dtype=dtype, model__dropout=0.0)
     mesh, rules = helpers.one_device_mesh(config)
     model, tx, schedule = steps.training_objects(config)
-    state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules)
+    state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules, shard_optimizer=True)
     step = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh, donate=False)
     batch = sharding.place_batch(helpers.synthetic_batches(1, 8, 32)[0], mesh)
     losses[dtype] = []

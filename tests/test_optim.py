@@ -164,7 +164,8 @@ def test_gradient_accumulation_matches_the_large_batch():
   results = {}
   for k in (1, 4):
     config.train.grad_accum_steps = k
-    state, shardings = steps.create_sharded_state(model, tx, 0, (helpers.STEP_ROWS, 8), mesh, rules)
+    state, shardings = steps.create_sharded_state(model, tx, 0, (helpers.STEP_ROWS, 8), mesh, rules,
+                                                  shard_optimizer=True)
     step_fn = helpers.jitted_train_step(config, model, tx, schedule, shardings, mesh)
     losses = []
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -180,7 +181,7 @@ def test_gradient_accumulation_matches_the_large_batch():
   moved = jax.tree.leaves(jax.tree.map(lambda p, q: np.max(np.abs(p - q)), params_1, params_4))
   assert max(moved) < 1e-5, max(moved)
   # The updates are not trivially zero: params moved from their initial values.
-  initial, _ = steps.create_sharded_state(model, tx, 0, (helpers.STEP_ROWS, 8), mesh, rules)
+  initial, _ = steps.create_sharded_state(model, tx, 0, (helpers.STEP_ROWS, 8), mesh, rules, shard_optimizer=True)
   change = jax.tree.leaves(jax.tree.map(lambda p, q: np.max(np.abs(p - q)), jax.device_get(initial.params), params_1))
   assert max(change) > 1e-3
 

@@ -1,7 +1,8 @@
 """Parallelism is a config change that does not change the math: on 8 simulated CPU devices, data parallel,
 FSDP, data × tensor and FSDP × tensor parallel train step for step like one device (dropout on), for the
 translator and for the language model (with its layers scanned: stacked parameters shard like the others);
-FSDP stores 1/8 of the parameters per device; meshes and batches that do not fit are clear errors."""
+FSDP stores 1/8 of the parameters per device, data parallel 1/8 of the optimizer state; meshes and batches that
+do not fit are clear errors."""
 
 import flax.linen as nn
 import jax
@@ -59,7 +60,8 @@ def _train(setup, mesh, rules, state, shardings):
 def one_device(setup):
   config, model, tx, _, _ = setup
   mesh, rules = helpers.one_device_mesh(config)
-  state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+  state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules,
+                                                shard_optimizer=True)
   initial = jax.device_get(state.as_dict())
   return initial, _train(setup, mesh, rules, state, shardings)
 
@@ -71,10 +73,12 @@ def test_meshes_train_like_one_device(setup, one_device, name):
   initial, (ref_losses, ref_norms, _) = one_device
   mesh, rules = _mesh(config, MESHES[name], jax.devices())
   if name == 'fsdp':  # created directly in its sharded layout
-    state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+    state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules,
+                                                  shard_optimizer=True)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.as_dict()), initial)
   else:  # the same initial state, placed on this mesh (saves compiling the initialisation once more)
-    _, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+    _, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules,
+                                                      shard_optimizer=True)
     state = steps.TrainState.from_dict(jax.device_put(initial, shardings.as_dict()))
   losses, norms, _ = _train(setup, mesh, rules, state, shardings)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
@@ -94,7 +98,7 @@ def _bytes_per_device(tree) -> dict:
 def test_fsdp_stores_an_eighth_of_the_params_per_device(setup):
   config, model, tx, _, _ = setup
   mesh, rules = _mesh(config, MESHES['fsdp'], jax.devices())
-  state, _ = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+  state, _ = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules, shard_optimizer=True)
   total = sum(x.nbytes for x in jax.tree.leaves(state.params))
   per_device = _bytes_per_device(state.params)
   assert len(per_device) == 8
@@ -107,9 +111,37 @@ def test_fsdp_stores_an_eighth_of_the_params_per_device(setup):
   assert max(opt_per_device.values()) <= opt_total / 8 * 1.1
   # Data parallel, for contrast, keeps a full copy on every device.
   mesh, rules = _mesh(config, MESHES['dp'], jax.devices())
-  abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules)
+  abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, (ROWS, 8), mesh, rules,
+                                                           shard_optimizer=True)
   replicated = _bytes_per_device(jax.device_put(jax.device_get(state.params), shardings.params))
   assert min(replicated.values()) == total
+
+
+def test_data_parallel_splits_the_optimizer_state_and_keeps_whole_params(setup):
+  """mesh.shard_optimizer (ZeRO-1): on the data mesh every device holds all params but 1/8 of Adam's moments
+  (test_meshes_train_like_one_device trains with it); off, every device holds all of both."""
+  config, model, tx, _, _ = setup
+  mesh, rules = _mesh(config, MESHES['dp'], jax.devices())
+  per_device = {}
+  for shard_optimizer in (True, False):
+    state, _ = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules,
+                                          shard_optimizer=shard_optimizer)
+    params, opt = _bytes_per_device(state.params), _bytes_per_device(state.opt_state)
+    assert min(params.values()) == sum(x.nbytes for x in jax.tree.leaves(state.params))
+    per_device[shard_optimizer] = max(opt.values())
+  assert per_device[False] == sum(x.nbytes for x in jax.tree.leaves(state.opt_state))
+  # Everything with an embed axis is split 8 ways; only small per-head biases stay whole.
+  assert per_device[True] <= per_device[False] / 8 * 1.1
+
+
+def test_an_optimizer_dimension_that_does_not_divide_keeps_the_params_sharding():
+  mesh = jax.make_mesh((2, 4, 1), ('data', 'fsdp', 'tensor'), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  rules = (('embed', 'fsdp'), ('mlp', None))
+  boxed = {'even': nn.LogicallyPartitioned(jax.ShapeDtypeStruct((16, 3), np.float32), ('embed', 'mlp')),
+           'odd': nn.LogicallyPartitioned(jax.ShapeDtypeStruct((12, 3), np.float32), ('embed', 'mlp'))}
+  shardings = sharding.optimizer_shardings(boxed, mesh, rules)
+  assert shardings['even'].spec == jax.sharding.PartitionSpec(('fsdp', 'data'), None)  # 16 over 8 devices
+  assert shardings['odd'].spec == jax.sharding.PartitionSpec('fsdp', None)  # 12 over 4, not over 8
 
 
 def test_mesh_must_match_the_device_count():

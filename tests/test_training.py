@@ -100,7 +100,8 @@ def _step_setup(settings: str):
   config = helpers.tiny_config(**getattr(helpers, settings))
   model, tx, schedule = helpers.train_objects(config)
   mesh, rules = helpers.one_device_mesh(config)
-  state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (helpers.STEP_ROWS, 8), mesh, rules)
+  state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (helpers.STEP_ROWS, 8), mesh, rules,
+                                                shard_optimizer=True)
   step_fn = helpers.jitted_train_step(config, model, tx, schedule, shardings, mesh)
   batches = [sharding.place_batch(b, mesh) for b in helpers.synthetic_batches(3, helpers.STEP_ROWS,
                                                                               helpers.STEP_LENGTH, seed=1)]

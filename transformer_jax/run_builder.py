@@ -43,7 +43,7 @@ class Run:
   def initial_state(self) -> steps.TrainState:
     """The seeded initial state, created in its sharded layout."""
     state, _ = steps.create_sharded_state(self.model, self.tx, self.config.train.seed, _init_shape(self.mesh),
-                                          self.mesh, self.rules)
+                                          self.mesh, self.rules, shard_optimizer=self.config.mesh.shard_optimizer)
     return state
 
   def abstract_batch(self, shapes: dict[str, tuple[int, int]]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -71,7 +71,7 @@ def build(config: ml_collections.ConfigDict, devices=None) -> Run:
   sharding.check_batches(config, mesh)
   model, tx, schedule = steps.training_objects(config)
   abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, _init_shape(mesh), mesh,
-                                                           rules)
+                                                           rules, shard_optimizer=config.mesh.shard_optimizer)
   sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
   process_count = len({device.process_index for device in devices})
   train_shapes = tuple(pipeline.batch_shapes(config.pipeline, sides, process_count))

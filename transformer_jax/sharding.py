@@ -58,6 +58,30 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules) -> object:
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def optimizer_shardings(abstract_tree, mesh: Mesh, rules) -> object:
+  """NamedShardings for the optimizer state: the parameters' (`logical_shardings`), with the `data` axis added
+  wherever `fsdp` splits a dimension, so each data-parallel device holds and updates its part (ZeRO-1). An array
+  whose dimension that does not divide keeps the parameters' sharding."""
+  zero1 = tuple((logical, _with_data(axes)) for logical, axes in rules)
+  by_params = logical_shardings(abstract_tree, mesh, rules)
+  by_data = logical_shardings(abstract_tree, mesh, zero1)
+  return jax.tree.map(lambda x, data, params: data if _divides(data, x.shape) else params,
+                      nn.unbox(abstract_tree), by_data, by_params)
+
+
+def _with_data(axes):
+  names = axes if isinstance(axes, tuple) else (axes,)
+  return (*names, 'data') if 'fsdp' in names and 'data' not in names else axes
+
+
+def _divides(named: NamedSharding, shape: tuple[int, ...]) -> bool:
+  for size, axes in zip(shape, named.spec):
+    names = axes if isinstance(axes, tuple) else (axes,)
+    if size % int(np.prod([named.mesh.shape[n] for n in names if n is not None])):
+      return False
+  return True
+
+
 def data_parallel_size(mesh: Mesh) -> int:
   return mesh.shape['data'] * mesh.shape['fsdp']
 

@@ -55,29 +55,33 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, ba
                     rng=jax.random.key_data(jax.random.fold_in(rng, 1)))
 
 
-def _abstract_and_shardings(make_boxed, mesh, rules):
-  """Shapes (with their NamedShardings) and the shardings of the tree `make_boxed()` makes, without allocating it."""
-  boxed = jax.eval_shape(make_boxed)
+def _with_shardings(boxed, shardings):
+  """The abstract values of a boxed tree, carrying their NamedShardings."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings)
+
+
+def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules, *, shard_optimizer: bool):
+  """Shapes and NamedShardings of the train state, computed without allocating it; `shard_optimizer`
+  (`mesh.shard_optimizer`): the optimizer state split over the data axis too (`sharding.optimizer_shardings`)."""
+  boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
   shardings = sharding.logical_shardings(boxed, mesh, rules)
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed),
-                          shardings)
-  return abstract, shardings
-
-
-def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules):
-  """Shapes and NamedShardings of the train state, computed without allocating it."""
-  return _abstract_and_shardings(functools.partial(init_state, model, tx, seed, batch_shape), mesh, rules)
+  if shard_optimizer:
+    shardings = shardings.replace(opt_state=sharding.optimizer_shardings(boxed.opt_state, mesh, rules))
+  return _with_shardings(boxed, shardings), shardings
 
 
 def abstract_params(model: nn.Module, mesh, rules):
   """The params' shapes with their NamedShardings on `mesh` (what a checkpoint's params restore onto)."""
   inputs = model_lib.init_inputs(model.config, (1, 2))
-  return _abstract_and_shardings(lambda: model.init(jax.random.key(0), **inputs)['params'], mesh, rules)[0]
+  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs)['params'])
+  return _with_shardings(boxed, sharding.logical_shardings(boxed, mesh, rules))
 
 
-def create_sharded_state(model, tx, seed, batch_shape, mesh, rules) -> tuple[TrainState, TrainState]:
+def create_sharded_state(model, tx, seed, batch_shape, mesh, rules, *,
+                         shard_optimizer: bool) -> tuple[TrainState, TrainState]:
   """The initial state, created directly in its sharded layout (no full copy on any one device)."""
-  _, shardings = abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules)
+  _, shardings = abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules,
+                                              shard_optimizer=shard_optimizer)
   state = jax.jit(lambda: nn.unbox(init_state(model, tx, seed, batch_shape)), out_shardings=shardings)()
   return state, shardings
 

@@ -25,11 +25,14 @@ DEFAULT_RULES = (
 
 def default_config() -> ml_collections.ConfigDict:
   """`shape`: ICI axis sizes (-1 fills the remaining devices); `dcn_shape`: axis sizes across slices; `rules`:
-  logical axis -> mesh axes."""
+  logical axis -> mesh axes; `shard_optimizer`: the optimizer state also split over `data`."""
   return ml_collections.ConfigDict({
       'shape': {'data': -1, 'fsdp': 1, 'tensor': 1},
       'dcn_shape': {'data': 1, 'fsdp': 1, 'tensor': 1},
       'rules': [list(rule) for rule in DEFAULT_RULES],
+      # The optimizer state (Adam's moments) and its update split over the data axis too (ZeRO-1): each
+      # data-parallel device updates its part, and the updated parameters are gathered.
+      'shard_optimizer': True,
   })
 
 
