@@ -176,8 +176,9 @@ class Analysis:
   HBM total = arguments + outputs that do not reuse a donated argument + temporaries + generated code (XLA's
   buffer assignment, the same accounting as `memory_analysis()`). `flops` and `bytes_accessed` are XLA's cost
   analysis of the per-chip program, `flops` plus those of the attention kernels that carry no cost estimate
-  (`hlo_costs.attention_kernel_flops`, which XLA counts as none); the step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower
-  bound that ignores communication and assumes perfect overlap, and `mfu_bound` the MFU it would allow.
+  (`hlo_costs.attention_kernel_flops`; XLA counts them as none). The step time is max(flops / peak,
+  bytes_accessed / HBM bandwidth), a lower bound that ignores communication and assumes perfect overlap, and
+  `mfu_bound` the MFU it would allow.
 
   XLA refuses to compile a TPU program whose buffers exceed HBM: then `compile_error` holds its message, the
   temporaries are the figure it names, the arguments come from shapes and shardings, and the rest is None.

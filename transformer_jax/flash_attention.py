@@ -77,9 +77,9 @@ def flash_tpu_attention(q, k, v, spec):
   """The Pallas TPU splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`).
 
   Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's static
-  mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query. Its blocks need key
-  lengths in multiples of 128 and query lengths in multiples of 8 (of 128 above 128): both are padded here, and
-  head dims to max(d_k, d_v). Not for cached decoding (`attention.serving` sends that elsewhere).
+  mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query. With segment ids its
+  blocks need query and key lengths in multiples of 128: both are padded here, and head dims to max(d_k, d_v).
+  Not for cached decoding (`attention.serving` sends that elsewhere).
   """
   platform = sharding.target_platform()
   if platform not in ('tpu', 'cpu'):

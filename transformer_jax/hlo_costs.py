@@ -167,16 +167,13 @@ ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), '
 
 
 def _attention_kernel(name: str) -> tuple[int, bool]:
+  """(FLOPs factor, backward) of the `ATTENTION_KERNELS` entry `name` starts with; (0, False) for none."""
   return next((kernel for prefix, kernel in ATTENTION_KERNELS.items() if name.startswith(prefix)), (0, False))
-
-
-def _attention_kernel_factor(name: str) -> int:
-  return _attention_kernel(name)[0]
 
 
 def attention_kernel_flops(name: str, operand_types: list[str]) -> float:
   """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' shapes; 0 for any other custom call."""
-  factor = _attention_kernel_factor(name)
+  factor, _ = _attention_kernel(name)
   if not factor:
     return 0.0
   (batch, heads, q_len, head_dim), (_, _, k_len, _) = [
@@ -284,7 +281,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
 
   def visit(name: str, count: int):
     body = [dataclasses.replace(i, op_name=i.name) if i.opcode == 'custom-call' and not i.op_name
-            and _attention_kernel_factor(i.name) else i for i in computations[name]]
+            and _attention_kernel(i.name)[0] else i for i in computations[name]]
     types = {i.name: i.type for i in body}
     borrowed = _borrowed_names(body)
     for i in body:
@@ -352,7 +349,7 @@ def part_of(op: OpCost) -> str:
   name = op.op_name
   if op.opcode in COLLECTIVES:
     return 'collectives'
-  if _attention_kernel_factor(name):
+  if _attention_kernel(name)[0]:
     return 'attention: kernels (custom calls)'
   if '/optimizer/' in name:
     return 'optimizer update'

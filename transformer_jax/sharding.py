@@ -61,10 +61,12 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules) -> object:
 def optimizer_shardings(abstract_tree, mesh: Mesh, rules) -> object:
   """NamedShardings for the optimizer state: the parameters' (`logical_shardings`), with the `data` axis added
   wherever `fsdp` splits a dimension, so each data-parallel device holds and updates its part (ZeRO-1). An array
-  whose dimension that does not divide keeps the parameters' sharding."""
-  zero1 = tuple((logical, _with_data(axes)) for logical, axes in rules)
+  whose dimension that does not divide keeps the parameters' sharding, and so does all of it on a mesh whose
+  data axis has one device."""
   by_params = logical_shardings(abstract_tree, mesh, rules)
-  by_data = logical_shardings(abstract_tree, mesh, zero1)
+  if mesh.shape['data'] == 1:
+    return by_params
+  by_data = logical_shardings(abstract_tree, mesh, tuple((logical, _with_data(axes)) for logical, axes in rules))
   return jax.tree.map(lambda x, data, params: data if _divides(data, x.shape) else params,
                       nn.unbox(abstract_tree), by_data, by_params)
 
