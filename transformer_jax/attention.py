@@ -49,9 +49,8 @@ def dot_product_attention(q, k, v, spec):
         query_seq_lengths=jnp.sum(spec.q_valid, axis=1, dtype=jnp.int32),
         key_value_seq_lengths=jnp.sum(spec.kv_valid, axis=1, dtype=jnp.int32),
         implementation='cudnn')
-  mask = attention_masks.full_mask(spec)
-  out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='xla')
-  return out * jnp.any(mask, axis=-1)[:, 0, :, None, None].astype(out.dtype)
+  out = jax.nn.dot_product_attention(q, k, v, mask=attention_masks.full_mask(spec), implementation='xla')
+  return out * attention_masks.any_key(spec, out.dtype)  # the same mask, built once by XLA's CSE
 
 
 def _cudnn_applicable(q, k, spec) -> bool:
