@@ -78,7 +78,8 @@ def _abstract_state(config):
   model, tx, _ = helpers.train_objects(config)
   abstract, _ = steps.abstract_state_and_shardings(model, tx, config.train.seed,
                                                    (sharding.data_parallel_size(mesh), 8), mesh, rules,
-                                                   shard_optimizer=config.mesh.shard_optimizer)
+                                                   shard_optimizer=sharding.shards_optimizer(
+                                                       config.mesh.shard_optimizer, mesh))
   return abstract
 
 

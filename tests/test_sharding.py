@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import helpers
+from transformer_jax import config as config_lib
 from transformer_jax import sharding, steps
 
 NUM_STEPS = 3
@@ -132,6 +133,17 @@ def test_data_parallel_splits_the_optimizer_state_and_keeps_whole_params(setup):
   assert per_device[False] == sum(x.nbytes for x in jax.tree.leaves(state.opt_state))
   # Everything with an embed axis is split 8 ways; only small per-head biases stay whole.
   assert per_device[True] <= per_device[False] / 8 * 1.1
+
+
+def test_the_optimizer_state_is_split_by_default_on_accelerators_only():
+  config = helpers.tiny_config()
+  mesh, _ = sharding.mesh_and_rules(config.mesh)  # this machine's CPU devices
+  assert not sharding.shards_optimizer(config.mesh.shard_optimizer, mesh)  # 'auto' on CPUs
+  assert sharding.shards_optimizer('on', mesh) and not sharding.shards_optimizer('off', mesh)
+  # On a TPU slice 'auto' splits it: tests/test_aot.py compiles the data mesh's gathers. A bad value is refused.
+  config.mesh.shard_optimizer = 'yes'
+  with pytest.raises(ValueError, match=r"mesh.shard_optimizer='yes': use one of \('auto', 'on', 'off'\)"):
+    config_lib.validate(config)
 
 
 def test_an_optimizer_dimension_that_does_not_divide_keeps_the_params_sharding():

@@ -42,8 +42,9 @@ class Run:
 
   def initial_state(self) -> steps.TrainState:
     """The seeded initial state, created in its sharded layout."""
-    state, _ = steps.create_sharded_state(self.model, self.tx, self.config.train.seed, _init_shape(self.mesh),
-                                          self.mesh, self.rules, shard_optimizer=self.config.mesh.shard_optimizer)
+    state, _ = steps.create_sharded_state(
+        self.model, self.tx, self.config.train.seed, _init_shape(self.mesh), self.mesh, self.rules,
+        shard_optimizer=sharding.shards_optimizer(self.config.mesh.shard_optimizer, self.mesh))
     return state
 
   def abstract_batch(self, shapes: dict[str, tuple[int, int]]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -70,8 +71,9 @@ def build(config: ml_collections.ConfigDict, devices=None) -> Run:
   mesh, rules = sharding.mesh_and_rules(config.mesh, devices)
   sharding.check_batches(config, mesh)
   model, tx, schedule = steps.training_objects(config)
-  abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, _init_shape(mesh), mesh,
-                                                           rules, shard_optimizer=config.mesh.shard_optimizer)
+  abstract, shardings = steps.abstract_state_and_shardings(
+      model, tx, config.train.seed, _init_shape(mesh), mesh, rules,
+      shard_optimizer=sharding.shards_optimizer(config.mesh.shard_optimizer, mesh))
   sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
   process_count = len({device.process_index for device in devices})
   train_shapes = tuple(pipeline.batch_shapes(config.pipeline, sides, process_count))

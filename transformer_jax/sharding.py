@@ -58,6 +58,13 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules) -> object:
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def shards_optimizer(setting: str, mesh: Mesh) -> bool:
+  """Whether `mesh.shard_optimizer=setting` (`sections.mesh.SHARD_OPTIMIZER`) splits the optimizer state over
+  the data axis on `mesh`: 'auto' when its devices are accelerators. A CPU host's devices share one memory, where
+  the split saves nothing and costs collectives and compile time."""
+  return setting == 'on' or (setting == 'auto' and mesh.devices.flat[0].platform != 'cpu')
+
+
 def optimizer_shardings(abstract_tree, mesh: Mesh, rules) -> object:
   """NamedShardings for the optimizer state: the parameters' (`logical_shardings`), with the `data` axis added
   wherever `fsdp` splits a dimension, so each data-parallel device holds and updates its part (ZeRO-1). An array

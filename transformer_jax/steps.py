@@ -62,7 +62,8 @@ def _with_shardings(boxed, shardings):
 
 def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules, *, shard_optimizer: bool):
   """Shapes and NamedShardings of the train state, computed without allocating it; `shard_optimizer`
-  (`mesh.shard_optimizer`): the optimizer state split over the data axis too (`sharding.optimizer_shardings`)."""
+  (`mesh.shard_optimizer` as `sharding.shards_optimizer` resolves it): the optimizer state split over the data
+  axis too (`sharding.optimizer_shardings`)."""
   boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   if shard_optimizer:

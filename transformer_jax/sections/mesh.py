@@ -6,6 +6,9 @@ import math
 import ml_collections
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
+# mesh.shard_optimizer: 'auto' splits the optimizer state over the data axis when the mesh's devices are
+# accelerators (`sharding.shards_optimizer`); 'on' and 'off' on every platform.
+SHARD_OPTIMIZER = ('auto', 'on', 'off')
 
 # Batch over data × fsdp; parameters' embed dimension over fsdp (ZeRO-3 style, optimizer state follows);
 # heads, mlp and vocab over tensor (Megatron-style). Unused mesh axes have size 1, so one rule set serves
@@ -31,8 +34,8 @@ def default_config() -> ml_collections.ConfigDict:
       'dcn_shape': {'data': 1, 'fsdp': 1, 'tensor': 1},
       'rules': [list(rule) for rule in DEFAULT_RULES],
       # The optimizer state (Adam's moments) and its update split over the data axis too (ZeRO-1): each
-      # data-parallel device updates its part, and the updated parameters are gathered.
-      'shard_optimizer': True,
+      # data-parallel device updates its part, and the updated parameters are gathered. See SHARD_OPTIMIZER.
+      'shard_optimizer': 'auto',
   })
 
 
@@ -70,6 +73,8 @@ def rules_from_config(mesh_config: ml_collections.ConfigDict) -> tuple:
 def validate(mesh_config: ml_collections.ConfigDict, model) -> None:
   """Axis names, -1s and rules; with fixed sizes, that the sharded parameter dimensions of `model` (a
   ModelConfig) divide. The device count is checked when the mesh is made."""
+  if mesh_config.shard_optimizer not in SHARD_OPTIMIZER:
+    raise ValueError(f'mesh.shard_optimizer={mesh_config.shard_optimizer!r}: use one of {SHARD_OPTIMIZER}.')
   resolve_shape(mesh_config.shape, _any_count(mesh_config.shape))
   resolve_shape(mesh_config.dcn_shape, _any_count(mesh_config.dcn_shape), 'mesh.dcn_shape')
   rules = rules_from_config(mesh_config)
