@@ -144,7 +144,7 @@ class OpCost:
   transcendentals: float
   count: int  # executions per run: the product of the enclosing loops' trip counts
   target: str = ''  # a custom call's target
-  estimated: bool = True  # False: a custom call without a cost estimate, counted as 0
+  estimated: bool = True  # False: a custom call without a cost estimate (FLOPs only for ATTENTION_KERNELS)
   borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
 
   @property
