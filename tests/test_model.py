@@ -206,9 +206,10 @@ def test_dropout_is_active_in_training_only():
   assert np.max(np.abs(np.asarray(a - det))) > 1e-3 and np.max(np.abs(np.asarray(a - b))) > 1e-3
 
 
-def test_attention_dropout_with_auto_attention_trains_as_the_reference_does():
-  """With attention dropout 'auto' runs the chunked path (no O(n²) weights kept); for sentences within one chunk
-  it draws the reference's dropout bits, so training computes the same loss and gradients."""
+def test_attention_dropout_on_the_chunked_path_trains_as_the_reference_does():
+  """With attention dropout, 'auto' runs the chunked path on a TPU or GPU (no O(n²) weights kept) and the
+  reference on a CPU; for sentences within one chunk the chunked path draws the reference's dropout bits, so
+  training computes the same loss and gradients."""
   cfg = TINY.replace(attention_dropout=0.2, relu_dropout=0.1, num_encoder_layers=1, num_decoder_layers=1)
   inputs, targets = _tokens(0, (2, 6)), _tokens(1, (2, 7))
   _, params = _init(cfg, inputs, targets)
@@ -219,12 +220,12 @@ def test_attention_dropout_with_auto_attention_trains_as_the_reference_does():
                                                  rngs={'dropout': jax.random.key(5)})))
 
   loss_and_grads = lambda implementation: jax.jit(jax.value_and_grad(loss(implementation)))(params)
-  assert 'scan[' in str(jax.make_jaxpr(loss('auto'))(params))  # the chunked path's scan over key blocks
-  assert 'scan[' not in str(jax.make_jaxpr(loss('reference'))(params))
-  auto, reference = loss_and_grads('auto'), loss_and_grads('reference')
-  assert abs(float(auto[0]) - float(jax.jit(loss('auto', rate=0.0))(params))) > 1e-3  # the attention dropout acts
-  np.testing.assert_allclose(auto[0], reference[0], rtol=1e-5)
-  for got, want in zip(jax.tree.leaves(auto[1]), jax.tree.leaves(reference[1])):
+  assert 'scan[' in str(jax.make_jaxpr(loss('chunked'))(params))  # the chunked path's scan over key blocks
+  assert 'scan[' not in str(jax.make_jaxpr(loss('auto'))(params))  # on this CPU: the reference
+  chunked, reference = loss_and_grads('chunked'), loss_and_grads('reference')
+  assert abs(float(chunked[0]) - float(jax.jit(loss('chunked', rate=0.0))(params))) > 1e-3  # the dropout acts
+  np.testing.assert_allclose(chunked[0], reference[0], rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(chunked[1]), jax.tree.leaves(reference[1])):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)  # float32, as test_remat_gives_the_same_gradients
 
 

@@ -138,13 +138,13 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   """The implementation that serves this call of `implementation` ('auto' or a name of IMPLEMENTATIONS).
 
   'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`), 'reference'
-  on a CPU, 'chunked' with attention dropout. Then, for any choice: cached decoding (queries after a prefix)
-  goes to 'reference'; attention dropout to 'chunked' unless the choice has it; 'flash_gpu', which takes one
+  on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to 'reference'; attention
+  dropout to 'chunked' unless the choice has it (a CPU's 'reference' does); 'flash_gpu', which takes one
   segment-id array for both sides, serves only self-attention (else 'dot_product': cuDNN for right-padded
   batches); 'dot_product' needs d_k == d_v (else 'reference').
   """
   if implementation == 'auto':
-    implementation = 'chunked' if dropout else _AUTO.get(sharding.target_platform(), 'reference')
+    implementation = _AUTO.get(sharding.target_platform(), 'reference')
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f'unknown attention implementation {implementation!r}: use one of {("auto", *IMPLEMENTATIONS)}.')
   if spec.has_offset:
