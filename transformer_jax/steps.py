@@ -112,8 +112,11 @@ def _loss_sums_and_grads(model, params, batch, rng, smoothing):
 
 
 def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.GradientTransformation,
-               schedule: optax.Schedule, smoothing: float, grad_accum_steps: int = 1):
-  """One optimizer update on the per-token mean loss of `batch` (accumulated over micro-batches)."""
+               schedule: optax.Schedule, smoothing: float, grad_accum_steps: int = 1, param_shardings=None):
+  """One optimizer update on the per-token mean loss of `batch` (accumulated over micro-batches).
+
+  `param_shardings`: the gradients are laid out as the parameters are before the update, so that a sharded
+  optimizer state (ZeRO-1) does not pull its `data` split back into the backward pass."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   if grad_accum_steps == 1:
     sums, grads = _loss_sums_and_grads(model, state.params, batch, rng, smoothing)
@@ -127,6 +130,8 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.Gr
              jax.tree.map(jnp.zeros_like, state.params))
     (sums, grads), _ = jax.lax.scan(accumulate, zeros,
                                     (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
+  if param_shardings is not None:
+    grads = jax.lax.with_sharding_constraint(grads, param_shardings)
   with jax.named_scope('optimizer'):  # op names that hlo_costs attributes to the update
     tokens = jnp.maximum(sums['tokens'], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
@@ -158,9 +163,11 @@ def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, o
 
 
 def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, donate: bool = True):
-  """`train_step` jitted: the state keeps its shardings (and is donated), the batch is split over data × fsdp."""
+  """`train_step` jitted: the state keeps its shardings (and is donated), the gradients take the parameters',
+  the batch is split over data × fsdp."""
   step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                           smoothing=train_config.label_smoothing, grad_accum_steps=train_config.grad_accum_steps)
+                           smoothing=train_config.label_smoothing, grad_accum_steps=train_config.grad_accum_steps,
+                           param_shardings=state_shardings.params)
   return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                  out_shardings=(state_shardings, None), donate_argnums=0 if donate else ())
 
