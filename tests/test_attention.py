@@ -12,6 +12,7 @@ from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import model_config
+from transformer_jax import sharding
 
 
 def _random_case(seed, batch=2, q_len=13, k_len=13, heads=3, d_k=8, d_v=8, segments=False, causal=False):
@@ -186,3 +187,19 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
   assert serving('flash_gpu', spec, q, d_v, dropout=False) == 'reference'  # and dot_product needs d_k == d_v
   assert serving('dot_product', spec, q, v, dropout=True) == 'chunked'  # dropout where the choice has none
   assert serving('chunked', decoding, q, v, dropout=False) == 'reference'
+
+
+def test_auto_on_a_gpu_takes_cudnn_where_it_serves_and_the_triton_kernel_for_packed_rows(monkeypatch):
+  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')  # the rule's input; cuDNN itself: test_gpu.py
+  q, _, v, padded = _random_case(10, segments=False, causal=True)
+  _, _, _, packed = _random_case(10, segments=True, causal=True)
+  padded_self = attention_masks.MaskSpec.self_attention(padded.q_valid, causal=True)
+  packed_self = attention_masks.MaskSpec.self_attention(packed.q_valid, packed.q_segment, causal=True)
+  bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)
+  serving = attention.serving
+  assert serving('auto', padded_self, bf16(q), bf16(v), dropout=False) == 'dot_product'
+  assert serving('auto', padded, bf16(q), bf16(v), dropout=False) == 'dot_product'  # cross-attention too
+  assert serving('auto', packed_self, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # cuDNN takes no segments
+  assert serving('auto', packed, bf16(q), bf16(v), dropout=False) == 'dot_product'  # XLA's path, full mask
+  assert serving('auto', padded_self, q, v, dropout=False) == 'flash_gpu'  # float32: no cuDNN kernel
+  assert serving('auto', padded_self, bf16(q), bf16(v), dropout=True) == 'chunked'

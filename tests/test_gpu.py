@@ -28,7 +28,7 @@ def test_cudnn_fused_attention_agrees_with_the_reference():
   valid = jnp.asarray(np.arange(length)[None] < lengths[:, None])
   for causal in (False, True):
     spec = attention_masks.MaskSpec(q_valid=valid, kv_valid=valid, causal=causal)
-    assert attention._cudnn_applicable(q, k, spec)  # pylint: disable=protected-access
+    assert attention.serving('auto', spec, q, v, dropout=False) == 'dot_product'  # auto takes cuDNN here
     fused = jax.jit(lambda a, b, c, s=spec: attention.attend(a, b, c, s, implementation='dot_product'))
     assert 'cudnn' in fused.lower(q, k, v).compile().as_text().lower()  # the fused kernel, not XLA's path
     reference = attention.attend(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), spec)

@@ -43,7 +43,7 @@ def dot_product_attention(q, k, v, spec):
   cuDNN takes only sequence lengths and causality (right-padded rows), so packed segments or a
   cached-prefix offset go through XLA with the full boolean mask, which honours every mask form.
   """
-  if _cudnn_applicable(q, k, spec):
+  if _cudnn_applicable(q, spec):
     return jax.nn.dot_product_attention(
         q, k, v, is_causal=spec.causal,
         query_seq_lengths=jnp.sum(spec.q_valid, axis=1, dtype=jnp.int32),
@@ -53,10 +53,10 @@ def dot_product_attention(q, k, v, spec):
   return out * attention_masks.any_key(spec, out.dtype)  # the same mask, built once by XLA's CSE
 
 
-def _cudnn_applicable(q, k, spec) -> bool:
+def _cudnn_applicable(q, spec) -> bool:
   return (sharding.target_platform() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16)
           and not spec.has_segments and not spec.has_offset
-          and (not spec.causal or q.shape[1] == k.shape[1]) and q.shape[-1] % 8 == 0
+          and (not spec.causal or q.shape[1] == spec.kv_valid.shape[1]) and q.shape[-1] % 8 == 0
           and q.shape[-1] <= 128)
 
 
@@ -137,7 +137,8 @@ _AUTO = {'tpu': 'flash_tpu', 'gpu': 'flash_gpu', 'cuda': 'flash_gpu', 'rocm': 'f
 def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: bool) -> str:
   """The implementation that serves this call of `implementation` ('auto' or a name of IMPLEMENTATIONS).
 
-  'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`), 'reference'
+  'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`) — on a GPU
+  cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments), else 'flash_gpu' — and 'reference'
   on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to 'reference'; attention
   dropout to 'chunked' unless the choice has it (a CPU's 'reference' does); 'flash_gpu', which takes one
   segment-id array for both sides, serves only self-attention (else 'dot_product': cuDNN for right-padded
@@ -145,6 +146,8 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   """
   if implementation == 'auto':
     implementation = _AUTO.get(sharding.target_platform(), 'reference')
+    if implementation == 'flash_gpu' and _cudnn_applicable(q, spec):
+      implementation = 'dot_product'  # cuDNN's fused kernel: faster than the Triton one where it serves
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f'unknown attention implementation {implementation!r}: use one of {("auto", *IMPLEMENTATIONS)}.')
   if spec.has_offset:
