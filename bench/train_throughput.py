@@ -128,6 +128,18 @@ class Ours:
     return {'temp_bytes': m.temp_size_in_bytes, 'argument_bytes': m.argument_size_in_bytes,
             'output_bytes': m.output_size_in_bytes, 'alias_bytes': m.alias_size_in_bytes}
 
+  def profile(self, folder: str, steps: int):
+    """The compiled step's optimized HLO (`step.hlo.txt`) and a jax.profiler trace of `steps` steps (with a
+    Perfetto trace), under `folder`: bench.step_profile joins the two into time per part of the model."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'step.hlo.txt'), 'w') as f:
+      f.write(self.compiled.as_text())
+    options = self._jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # device kernels and XLA's host ops only: a small trace
+    with self._jax.profiler.trace(folder, create_perfetto_trace=True, profiler_options=options):
+      for _ in range(steps):
+        self.step()
+
   def release(self):
     self.state = self.batch = self.compiled = None
 
@@ -292,6 +304,10 @@ def run(args):
     host_batch = random_batch(rows, source_len, target_len, cfg.vocab_size)
     runners = make_runners(impls, cfg, host_batch, args, 'cuda' if args.gpu_paper_batch else 'cpu')
     times, cpu_times, memory = measure(runners, args.rounds, args.steps, args.warmup)
+    if args.profile_dir:
+      for r in runners:
+        if isinstance(r, Ours):
+          r.profile(os.path.join(args.profile_dir, f'{config_name}_{r.name}'), args.profile_steps)
     records = {}
     for r in runners:
       extra = {'compile_s': r.compile_s, 'attention': cfg.attention, 'remat': cfg.remat, 'dtype': cfg.dtype,
@@ -342,6 +358,10 @@ def main(argv=None):
                  help="on the first GPU: the paper's batch, bf16 (ours: bf16 compute; torch: CUDA, bf16 autocast), MFU")
   p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
   p.add_argument('--paper_length', type=int, default=128, help='--gpu_paper_batch source and target length')
+  p.add_argument('--profile_dir', default='',
+                 help="after the timed rounds, each of our runners' optimized HLO and a profile of --profile_steps "
+                      'steps under <this>/<config>_<impl> (read it with bench.step_profile)')
+  p.add_argument('--profile_steps', type=int, default=3)
   args = p.parse_args(argv)
   if args.xla_flags is not None:
     os.environ['XLA_FLAGS'] = args.xla_flags
