@@ -1,12 +1,17 @@
-"""hlo_costs and bench.step_costs: per-op bytes and FLOPs read from optimized HLO, and their model parts.
+"""hlo_costs, bench.step_costs and bench.step_profile: per-op bytes and FLOPs read from optimized HLO, their
+model parts, and a GPU profile's kernel times joined with them.
 
 A hand-written module checks the costing rules exactly (no compile); one small model compiled for a TPU slice
 checks the breakdown of a real train step against XLA's totals and the analytic FLOP count.
 """
 
+import gzip
+import json
+
 import pytest
 
 from bench import step_costs
+from bench import step_profile
 from transformer_jax import hlo_costs
 
 _MODULE = """HloModule m, is_scheduled=true
@@ -121,3 +126,63 @@ def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops(
   matmuls = 3 * 2 * tokens * d_model * vocab  # forward, and the two gradients
   # Besides them, a few dozen elementwise FLOPs per [token, vocab] element (softmax, smoothed target, masks).
   assert matmuls <= parts['pre-softmax layer + loss']['flops'] <= matmuls + 32 * tokens * vocab
+
+
+# --- bench.step_profile: a GPU profile's kernel times joined with the program's ops
+
+_GPU_MODULE = """HloModule g, is_scheduled=true
+
+%fused_relu (param_0: bf16[6,4]) -> bf16[6,4] {
+  %param_0 = bf16[6,4]{1,0} parameter(0)
+  %zero = bf16[] constant(0)
+  %zeros = bf16[6,4]{1,0} broadcast(%zero), dimensions={}
+  ROOT %max = bf16[6,4]{1,0} maximum(%param_0, %zeros)
+}
+
+ENTRY %main (x: bf16[6,5], w: bf16[4,5]) -> bf16[6,4] {
+  %x = bf16[6,5]{1,0} parameter(0)
+  %w = bf16[4,5]{1,0} parameter(1)
+  %custom-call.1 = (bf16[6,4]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(train_step)/jvp(loss)/bcd,vd->bcv/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_batch_dimensions":[],"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["1"]}}}
+  %get-tuple-element.1 = bf16[6,4]{1,0} get-tuple-element(%custom-call.1), index=0
+  ROOT %loop_maximum_fusion = bf16[6,4]{1,0} fusion(%get-tuple-element.1), kind=kLoop, calls=%fused_relu, metadata={op_name="jit(train_step)/jvp(Transformer)/decoder/layer_0/ffn/max"}
+}
+"""
+
+
+def _profile_folder(tmp_path, kernels):
+  """What train_throughput --profile_dir writes: the HLO and a Perfetto trace of (hlo_op, µs) device kernels."""
+  (tmp_path / 'step.hlo.txt').write_text(_GPU_MODULE)
+  trace = tmp_path / 'plugins' / 'profile' / '2026_01_01_00_00_00'
+  trace.mkdir(parents=True)
+  events = [{'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
+            {'ph': 'M', 'pid': 7, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
+            {'ph': 'X', 'pid': 7, 'tid': 1, 'ts': 0, 'dur': 500.0, 'name': 'host work'}]
+  events += [{'ph': 'X', 'pid': 1, 'tid': 14, 'ts': 0, 'dur': us, 'name': 'kernel',
+              'args': {'hlo_module': 'jit_train_step', 'hlo_op': op}} for op, us in kernels]
+  with gzip.open(trace / 'perfetto_trace.json.gz', 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  return str(tmp_path)
+
+
+def test_a_cublas_matmul_is_costed_from_its_dot_dimensions():
+  ops = {op.name: op for op in hlo_costs.op_costs(_GPU_MODULE)}
+  gemm = ops['custom-call.1']
+  assert not gemm.estimated and gemm.flops == 2 * 6 * 4 * 5  # [6, 5] × [4, 5]ᵀ
+  assert ops['loop_maximum_fusion'].flops == 6 * 4
+
+
+def test_step_profile_sums_each_parts_kernel_time_per_step(tmp_path):
+  folder = _profile_folder(tmp_path, [('custom-call.1', 30.0), ('loop_maximum_fusion', 10.0), ('memcpy', 4.0),
+                                      ('custom-call.1', 50.0), ('loop_maximum_fusion', 6.0)])
+  parts = {r['part']: r for r in step_profile.profile_parts(folder, steps=2)}  # host events are not counted
+  loss, ffn = parts['pre-softmax layer + loss'], parts['FFN']
+  assert loss['ms_per_step'] == pytest.approx(0.040) and ffn['ms_per_step'] == pytest.approx(0.008)
+  assert loss['flops'] == 2 * 6 * 4 * 5 and loss['kernel_ops'] == 1
+  assert parts[step_profile.UNKNOWN]['ms_per_step'] == pytest.approx(0.002)  # kept, not dropped
+  assert sum(r['share'] for r in parts.values()) == pytest.approx(1.0)
+
+
+def test_step_profile_refuses_a_trace_whose_kernels_ran_in_cuda_graphs(tmp_path):
+  folder = _profile_folder(tmp_path, [('command_buffer_1', 30.0)])
+  with pytest.raises(SystemExit, match='xla_gpu_enable_command_buffer='):
+    step_profile.profile_parts(folder, steps=1)

@@ -8,7 +8,8 @@ multiply-add of dots and convolutions plus one per element of other arithmetic a
 XLA's HloCostAnalysis counts them. An op inside a loop body counts `known_trip_count` times. A custom call
 (Pallas/Mosaic kernel) counts what its `cost_estimate` says. One without an estimate counts its operands and
 results as bytes, and FLOPs only when it is an attention kernel whose matmuls its shapes give
-(`ATTENTION_KERNELS`); such calls are marked `estimated=False`.
+(`ATTENTION_KERNELS`) or a GPU program's cuBLAS matmul (`library_gemm_flops`); such calls are marked
+`estimated=False`.
 """
 
 import dataclasses
@@ -144,7 +145,7 @@ class OpCost:
   transcendentals: float
   count: int  # executions per run: the product of the enclosing loops' trip counts
   target: str = ''  # a custom call's target
-  estimated: bool = True  # False: a custom call without a cost estimate (FLOPs only for ATTENTION_KERNELS)
+  estimated: bool = True  # False: a custom call without a cost estimate (FLOPs only for ATTENTION_KERNELS, GEMMs)
   borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
 
   @property
@@ -179,6 +180,21 @@ def attention_kernel_flops(name: str, operand_types: list[str]) -> float:
   (batch, heads, q_len, head_dim), (_, _, k_len, _) = [
       dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
   return float(factor * batch * heads * q_len * k_len * head_dim)
+
+
+_GEMM_CONTRACTING_RE = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+
+
+def library_gemm_flops(target: str, attributes: str, operand_types: list[str], result_type: str) -> float:
+  """The FLOPs of a GPU program's cuBLAS matmul call (2 × output elements × contracted size, from its backend
+  config's dot dimensions); 0 for any other custom call."""
+  dims = _GEMM_CONTRACTING_RE.search(attributes)
+  if not target.startswith('__cublas') or not dims:
+    return 0.0
+  lhs = _arrays(operand_types[0])[0][1]
+  contracted = math.prod(lhs[int(d.strip(' "'))] for d in dims[1].split(',') if d.strip())
+  output = _arrays(result_type)[0][1]  # a tuple's first element; the second is cuBLAS's workspace
+  return 2.0 * math.prod(output) * contracted
 
 
 def _contraction(instruction: Instruction, types: dict[str, str]) -> float:
@@ -319,9 +335,11 @@ def op_costs(hlo_text: str) -> list[OpCost]:
                               float(e.get('flops', 0)), float(e.get('transcendentals', 0)), count,
                               target[1] if target else ''))
         else:
-          costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written,
-                              attention_kernel_flops(i.name, operand_types), 0.0, count,
-                              target[1] if target else '', estimated=False))
+          target = target[1] if target else ''
+          flops = (attention_kernel_flops(i.name, operand_types)
+                   or library_gemm_flops(target, i.attributes, operand_types, i.type))
+          costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, flops,
+                              0.0, count, target, estimated=False))
       elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once
         costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count))
       else:
