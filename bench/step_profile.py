@@ -45,27 +45,28 @@ def profile_parts(folder: str, steps: int) -> list[dict]:
     raise SystemExit(f'{folder}: no plugins/profile/*/perfetto_trace.json.gz; run bench.train_throughput '
                      '--profile_dir first')
   with open(os.path.join(folder, 'step.hlo.txt'), encoding='utf-8') as f:
-    ops = {op.name: op for op in hlo_costs.op_costs(f.read())}
+    costs = hlo_costs.op_costs(f.read())
   times = kernel_times(traces[-1])
   graphs = [name for name in times if name.startswith('command_buffer')]
   if graphs:
     raise SystemExit(f'{folder}: kernels ran inside CUDA graphs ({graphs[0]}, ...), which hide their HLO ops; '
                      'profile with --xla_flags=--xla_gpu_enable_command_buffer=')
-  sums = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
-  for name, op in ops.items():
-    part = sums[hlo_costs.part_of(op)]
-    part[1] += op.total_bytes
-    part[2] += op.total_flops
+  part_of = {op.name: hlo_costs.part_of(op) for op in costs}
+  ms, kernel_ops = collections.Counter(), collections.Counter()
   for name, us in times.items():
-    part = sums[hlo_costs.part_of(ops[name]) if name in ops else UNKNOWN]
-    part[0] += us / steps / 1e3
-    part[3] += 1
-  total_ms = sum(v[0] for v in sums.values())
-  order = {name: i for i, name in enumerate(hlo_costs.PARTS)}
-  return [{'part': name, 'ms_per_step': ms, 'share': ms / total_ms, 'bytes': b, 'flops': fl, 'kernel_ops': n,
-           'gb_per_s': b / ms / 1e6 if ms else None, 'tflop_per_s': fl / ms / 1e9 if ms else None}
-          for name, (ms, b, fl, n) in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order)))]
-
+    part = part_of.get(name, UNKNOWN)
+    ms[part] += us / steps / 1e3
+    kernel_ops[part] += 1
+  compiled = {p.name: p for p in hlo_costs.breakdown(costs)}  # bytes and FLOPs per part, in PARTS order
+  total_ms = sum(ms.values())
+  records = []
+  for name in [*compiled, *(n for n in ms if n not in compiled)]:
+    b, fl = (compiled[name].bytes, compiled[name].flops) if name in compiled else (0.0, 0.0)
+    t = ms[name]
+    records.append({'part': name, 'ms_per_step': t, 'share': t / total_ms, 'bytes': b, 'flops': fl,
+                    'kernel_ops': kernel_ops[name], 'gb_per_s': b / t / 1e6 if t else None,
+                    'tflop_per_s': fl / t / 1e9 if t else None})
+  return records
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
