@@ -44,7 +44,11 @@ def profile_parts(folder: str, steps: int) -> list[dict]:
   if not traces:
     raise SystemExit(f'{folder}: no plugins/profile/*/perfetto_trace.json.gz; run bench.train_throughput '
                      '--profile_dir first')
-  with open(os.path.join(folder, 'step.hlo.txt'), encoding='utf-8') as f:
+  hlo_path = os.path.join(folder, 'step.hlo.txt')
+  if not os.path.exists(hlo_path):
+    raise SystemExit(f'{hlo_path}: missing; the trace and the HLO come together from bench.train_throughput '
+                     '--profile_dir')
+  with open(hlo_path, encoding='utf-8') as f:
     costs = hlo_costs.op_costs(f.read())
   times = kernel_times(traces[-1])
   graphs = [name for name in times if name.startswith('command_buffer')]

@@ -182,7 +182,10 @@ def test_step_profile_sums_each_parts_kernel_time_per_step(tmp_path):
   assert sum(r['share'] for r in parts.values()) == pytest.approx(1.0)
 
 
-def test_step_profile_refuses_a_trace_whose_kernels_ran_in_cuda_graphs(tmp_path):
+def test_step_profile_refuses_cuda_graph_traces_and_a_folder_without_its_hlo(tmp_path):
   folder = _profile_folder(tmp_path, [('command_buffer_1', 30.0)])
   with pytest.raises(SystemExit, match='xla_gpu_enable_command_buffer='):
+    step_profile.profile_parts(folder, steps=1)
+  (tmp_path / 'step.hlo.txt').unlink()
+  with pytest.raises(SystemExit, match='step.hlo.txt: missing'):
     step_profile.profile_parts(folder, steps=1)
