@@ -17,7 +17,8 @@ Both run with glibc keeping freed memory for reuse (`--malloc=reuse`, as train.p
 glibc's defaults), each step's user/system CPU time and page faults recorded.
 
 After compile/warm-up the runners take turns: `--rounds` rounds of `--steps` steps each, every step timed on its
-own (waiting for its results); we report the median step time, tokens/s (target tokens = rows × target length,
+own (waiting for its results), or with `--pipelined` dispatched back to back as the trainer runs them (one
+sample per round: its mean step); we report the median step time, tokens/s (target tokens = rows × target length,
 and source + target) and achieved GFLOP/s (metrics.train_flops, the same count for both).
 
 --gpu_paper_batch: the paper's batch (~25k source + 25k target tokens, --paper_rows × --paper_length) in
@@ -114,11 +115,11 @@ class Ours:
     self.compile_s = time.perf_counter() - start
     self._jax = jax
 
-  def step(self) -> float:
-    """One training step; returns its loss sum (forces completion)."""
+  def step(self):
+    """Dispatches one training step; returns its loss sum, a device value (`float` of it waits for the step)."""
     with self._context():
       self.state, metrics = self.compiled(self.state, self.batch)
-    return float(metrics['loss'])
+    return metrics['loss']
 
   def reset_peak(self):
     pass  # memory() is the compiled program's, not a reading
@@ -138,7 +139,7 @@ class Ours:
     options.python_tracer_level = 0  # device kernels and XLA's host ops only: a small trace
     with self._jax.profiler.trace(folder, create_perfetto_trace=True, profiler_options=options):
       for _ in range(steps):
-        self.step()
+        float(self.step())
 
   def release(self):
     self.state = self.batch = self.compiled = None
@@ -194,10 +195,11 @@ class Torch:
     self.compile_s = 0.0
     if compiled:  # torch.compile compiles on the first call
       start = time.perf_counter()
-      self.step()
+      float(self.step())
       self.compile_s = time.perf_counter() - start
 
-  def step(self) -> float:
+  def step(self):
+    """Queues one training step; returns its loss, a device tensor (`float` of it waits for the step)."""
     self.opt.zero_grad(set_to_none=True)
     with self.autocast():
       logits = self.forward(self.src, self.tgt_in, self.tgt_mask)
@@ -205,7 +207,7 @@ class Torch:
                                                     label_smoothing=0.1)
     loss.backward()
     self.opt.step()
-    return float(loss.detach())
+    return loss.detach()
 
   def reset_peak(self):
     if self.device.type == 'cuda':
@@ -223,27 +225,30 @@ class Torch:
 
 # ----------------------------------------------------------------------------------------------------- main
 
-def measure(runners, rounds, steps, warmup):
+def measure(runners, rounds, steps, warmup, pipelined=False):
   """Warm-up steps (each runner's memory read after its own), then rounds in which every runner takes `steps`
-  individually timed steps in turn. Returns step times, CPU times and memory by runner name."""
+  steps in turn, each timed on its own, or (`pipelined`) dispatched back to back and timed together, one sample
+  per round of the round's mean step. Returns step times, CPU times and memory by runner name."""
   times = {r.name: [] for r in runners}
   cpu_times = {r.name: [] for r in runners}  # user + system seconds of all threads
   memory = {}
   for r in runners:
     r.reset_peak()
     for _ in range(warmup):
-      r.step()
+      float(r.step())
     memory[r.name] = r.memory()
+  count = steps if pipelined else 1  # steps per timing
   for _ in range(rounds):
     for r in runners:
-      for _ in range(steps):
+      for _ in range(steps // count):
         before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
-        r.step()
-        times[r.name].append(time.perf_counter() - start)
+        float([r.step() for _ in range(count)][-1])  # waits for the last step, and so for all before it
+        times[r.name].append((time.perf_counter() - start) / count)
         after = resource.getrusage(resource.RUSAGE_SELF)
-        cpu_times[r.name].append({'user': after.ru_utime - before.ru_utime, 'sys': after.ru_stime - before.ru_stime,
-                                  'faults': after.ru_minflt - before.ru_minflt})
+        cpu_times[r.name].append({'user': (after.ru_utime - before.ru_utime) / count,
+                                  'sys': (after.ru_stime - before.ru_stime) / count,
+                                  'faults': (after.ru_minflt - before.ru_minflt) / count})
   return times, cpu_times, memory
 
 
@@ -296,14 +301,14 @@ def run(args):
     overrides = {'dtype': 'bfloat16', 'attention': 'dot_product', **parse_overrides(args.override)}
     args.override = ','.join(f'{k}={v}' for k, v in overrides.items())
   common.emit({'bench': 'train_throughput', 'gpu_paper_batch': args.gpu_paper_batch, 'machine': info,
-               'override': args.override, 'malloc': args.malloc})
+               'override': args.override, 'malloc': args.malloc, 'pipelined': args.pipelined})
   baseline = next((name for name in ('torch_compile', 'torch') if name in impls), None)  # of '× torch'
   table = []
   for config_name in [c for c in args.configs.split(',') if c]:
     cfg, rows, source_len, target_len = model_dims(config_name, args)
     host_batch = random_batch(rows, source_len, target_len, cfg.vocab_size)
     runners = make_runners(impls, cfg, host_batch, args, 'cuda' if args.gpu_paper_batch else 'cpu')
-    times, cpu_times, memory = measure(runners, args.rounds, args.steps, args.warmup)
+    times, cpu_times, memory = measure(runners, args.rounds, args.steps, args.warmup, args.pipelined)
     if args.profile_dir:
       for r in runners:
         if isinstance(r, Ours):
@@ -345,6 +350,9 @@ def main(argv=None):
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--steps', type=int, default=3, help='timed steps per implementation per round')
   p.add_argument('--warmup', type=int, default=2, help='untimed steps per implementation after compiling')
+  p.add_argument('--pipelined', action='store_true',
+                 help="dispatch each round's steps back to back and wait once, as the trainer keeps steps in flight "
+                      '(train.max_steps_ahead): the host\'s dispatch overlaps the device\'s work')
   p.add_argument('--threads', type=int, default=2, help='torch.set_num_threads')
   p.add_argument('--rows', type=int, default=0, help='batch rows (0: the config\'s)')
   p.add_argument('--source_len', type=int, default=0)
