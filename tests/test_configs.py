@@ -201,6 +201,7 @@ def _base():
     ({'eval.average_last': 9}, r'train\.keep_checkpoints=3 < eval\.average_last=9'),
     ({'pipeline.batching': 'sorted'}, r"pipeline\.batching='sorted'"),
     ({'decode.max_len_offset': -1}, r'decode\.max_len_offset'),
+    ({'train.adam_eps': 0.0}, r'train\.adam_eps must be > 0, got 0\.0: Adam divides by sqrt\(v\) \+ eps'),
 ])
 def test_validate_rejects(change, message):
   config = _base()

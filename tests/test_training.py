@@ -95,9 +95,9 @@ def test_accuracy_and_perplexity_of_a_perfect_prediction():
 
 
 @functools.lru_cache(maxsize=None)
-def _step_setup(settings: str):
+def _step_setup(settings: str, **overrides):
   """Model, 1-device mesh, initial state and jitted train step for helpers.DROPOUT_STEP / NO_DROPOUT_STEP."""
-  config = helpers.tiny_config(**getattr(helpers, settings))
+  config = helpers.tiny_config(**{**getattr(helpers, settings), **overrides})
   model, tx, schedule = helpers.train_objects(config)
   mesh, rules = helpers.one_device_mesh(config)
   state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (helpers.STEP_ROWS, 8), mesh, rules,
@@ -163,6 +163,18 @@ def test_a_non_finite_loss_is_not_applied():
   equal_nan = functools.partial(np.testing.assert_array_equal, strict=True)
   jax.tree.map(equal_nan, jax.device_get(after.params), jax.device_get(poisoned.params))
   jax.tree.map(equal_nan, jax.device_get(after.opt_state), jax.device_get(state.opt_state))
+
+
+@pytest.mark.filterwarnings('ignore:overflow encountered in cast:RuntimeWarning')
+def test_an_infinite_learning_rate_is_not_applied():
+  # The gradients and loss are finite; the learning rate overflows float32, so the update would be infinite.
+  _, _, _, _, initial, run, batches = _step_setup('NO_DROPOUT_STEP', train__learning_rate=1e39)
+  after, m = run(initial, batches[0])
+  assert int(m['nonfinite']) == 1 and np.isfinite(float(m['loss'])) and np.isfinite(float(m['grad_norm']))
+  assert int(after.step) == 1
+  equal = functools.partial(np.testing.assert_array_equal, strict=True)
+  jax.tree.map(equal, jax.device_get(after.params), jax.device_get(initial.params))
+  jax.tree.map(equal, jax.device_get(after.opt_state), jax.device_get(initial.opt_state))
 
 
 # --- the loop: logs, non-finite stop/skip

@@ -1,7 +1,7 @@
 """The train state and the pure step functions: (state, batch) -> (state, metrics).
 
 Dropout randomness of step s is `fold_in(state.rng, s)`, so a step's randomness does not depend on
-history and a resumed run repeats the uninterrupted one. An update whose loss, gradients or update are
+history and a resumed run repeats the uninterrupted one. An update whose loss, gradients or learning rate are
 not finite is not applied (the state keeps its last finite values); the loop decides whether to stop.
 """
 
@@ -136,15 +136,16 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.Gr
     tokens = jnp.maximum(sums['tokens'], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
     grad_norm = optax.tree.norm(grads)
+    learning_rate = schedule(state.step)
+    # With adam_eps > 0 (a config check), finite gradients and learning rate make a finite Adam update, so the
+    # guard is known before the update and each leaf's update and select fuse into one pass over its state.
+    finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(learning_rate)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    # Finite gradients can still give a non-finite update (e.g. Adam with eps=0 on a zero gradient).
-    finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
                               opt_state=keep(opt_state, state.opt_state))
-  step_metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
-                      nonfinite=(~finite).astype(jnp.int32))
+  step_metrics = dict(sums, grad_norm=grad_norm, learning_rate=learning_rate, nonfinite=(~finite).astype(jnp.int32))
   return new_state, step_metrics
 
 

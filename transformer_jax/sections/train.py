@@ -48,6 +48,9 @@ def validate(train: ml_collections.ConfigDict) -> None:
               'max_steps_ahead'):
     if train[key] < 1:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}.')
+  if not train.adam_eps > 0.0:
+    raise ValueError(f'train.adam_eps must be > 0, got {train.adam_eps}: Adam divides by sqrt(v) + eps, which is 0/0 '
+                     'for a parameter whose gradients have all been 0 (the paper: 1e-9).')
   if not 0.0 <= train.label_smoothing < 1.0:
     raise ValueError(f'train.label_smoothing must be in [0, 1), got {train.label_smoothing}.')
 
