@@ -10,6 +10,7 @@ import functools
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -72,6 +73,26 @@ def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_leng
   assert float(jnp.max(jnp.abs(ref_h[0, -4:]))) == 0.0 and float(jnp.max(jnp.abs(ours_h[0, -4:]))) == 0.0  # pads
   assert float(loss.token_sums(hidden, weights, None, targets, smoothing, chunk_length)['tokens']) == int(
       jnp.sum(targets > 0))
+
+
+@pytest.mark.parametrize('with_bias', [False, True])
+def test_the_forward_pass_reduces_the_logits_twice(with_bias):
+  # The log-sum-exp's max and sum of exponentials; the smoothing term's logit sums come from h · Σ_v W_v.
+  hidden, weights, targets = _inputs()
+  bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
+  jaxpr = jax.make_jaxpr(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss'])(hidden, weights)
+  vocab = weights.shape[0]
+
+  def vocab_reductions(jaxpr):
+    count = 0
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name.startswith('reduce_') and eqn.invars[0].aval.shape[-1:] == (vocab,):
+        count += len(eqn.invars[0].aval.shape) > 1
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        count += vocab_reductions(sub)
+    return count
+
+  assert vocab_reductions(jaxpr.jaxpr) == 2
 
 
 def test_the_loss_alone_differentiates_as_the_formula():

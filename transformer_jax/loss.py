@@ -22,10 +22,11 @@ def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
   return 1.0 - smoothing, smoothing / (vocab - 1)
 
 
-def _per_token(logits, targets, smoothing: float, bias=None):
+def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None):
   """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from logits [..., vocab] of any float
   dtype plus a float32 `bias` [vocab] (or none), reduced in float32 (the gold logit is gathered before the cast:
-  no float32 copy of them is needed).
+  no float32 copy of them is needed). `logit_sum`: each token's sum of logits (bias included) where the caller
+  has it without a pass over the logits.
 
   The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
   subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy.
@@ -42,7 +43,7 @@ def _per_token(logits, targets, smoothing: float, bias=None):
   if smoothing == 0.0:
     return (nll, nll, correct), lse
   gold, other = _smoothing_weights(vocab, smoothing)
-  sum_log_probs = jnp.sum(logits, axis=-1) - vocab * lse
+  sum_log_probs = (jnp.sum(logits, axis=-1) if logit_sum is None else logit_sum) - vocab * lse
   entropy = -(gold * math.log(gold) + (vocab - 1) * other * math.log(other))
   return (gold * nll - other * (sum_log_probs + nll) - entropy, nll, correct), lse
 
@@ -73,12 +74,16 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
   sums = [jnp.zeros((), jnp.float32)] * 3
   g_t = jnp.zeros((weights.shape[1], vocab), jnp.float32)  # Gᵀ: the small [d, ...] side is what gets transposed
   d_bias = None if bias is None else jnp.zeros((vocab,), jnp.float32)
+  # Σ_v logit_v = h · Σ_v W_v (+ Σ bias): the smoothing term's logit sums without another pass over the logits
+  weight_sum = jnp.sum(weights.astype(jnp.float32), axis=0)
+  bias_sum = 0.0 if bias is None else jnp.sum(bias)
   dy = []
   for start, size in _chunks(hidden.shape[1], chunk_length):
     logits, chunk = _chunk_logits(hidden, weights, start, size)
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
     mask = (chunk_targets > 0).astype(jnp.float32)
-    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias)
+    logit_sum = jnp.einsum('bcd,d->bc', chunk.astype(jnp.float32), weight_sum) + bias_sum
+    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum)
     sums = [total + jnp.sum(value * mask) for total, value in zip(sums, per_token)]
     if with_gradients:
       is_gold = jnp.arange(vocab) == chunk_targets[..., None]
