@@ -4,13 +4,16 @@ import os
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import helpers
 from configs import table3
-from transformer_jax.model import Transformer, shift_right, sinusoidal_encoding
+from transformer_jax import attention_masks
+from transformer_jax import sharding
+from transformer_jax.model import MultiHeadAttention, Transformer, shift_right, sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
 
@@ -156,6 +159,51 @@ def test_cached_decoding_equals_full_pass(name):
                                           mutable=('cache',))
     cache = cache_vars['cache']
     np.testing.assert_allclose(step_logits[:, 0], full[:, t], atol=2e-5, err_msg=f'step {t}')
+
+
+@pytest.mark.parametrize('platform', ['gpu', 'tpu', 'cpu'])
+@pytest.mark.parametrize('d_v', [None, 16])
+def test_attention_projects_each_input_once_on_a_gpu(monkeypatch, platform, d_v):
+  # On a GPU, self-attention's queries, keys and values are one matrix product (with d_k != d_v, the values on
+  # their own) and cross-attention's keys and values another; elsewhere each projection is its own product.
+  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
+  cfg = TINY.replace(d_k=8, d_v=d_v or 8, attention='reference', cpu_kernels='off')
+  x, memory = jnp.ones((2, 5, cfg.d_model)), jnp.ones((2, 7, cfg.d_model))
+  spec = attention_masks.MaskSpec(q_valid=jnp.ones((2, 5), bool), kv_valid=jnp.ones((2, 7), bool), causal=False)
+  self_spec = attention_masks.MaskSpec(q_valid=spec.q_valid, kv_valid=spec.q_valid, causal=True)
+
+  def projection_products(cross, x_kv, spec):
+    layer = MultiHeadAttention(cfg, deterministic=True, cross=cross)
+    variables = layer.init(jax.random.key(0), x, x_kv, spec)
+    kernels = []
+
+    def walk(jaxpr):
+      for eqn in jaxpr.eqns:
+        if eqn.primitive.name == 'dot_general' and eqn.invars[1].aval.shape[0] == cfg.d_model:
+          kernels.append(eqn.invars[1].aval.shape[1])  # projections stacked in this product
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+          walk(sub)
+
+    walk(jax.make_jaxpr(lambda v: layer.apply(v, x, x_kv, spec))(variables).jaxpr)
+    return sorted(kernels)
+
+  if platform != 'gpu':
+    assert projection_products(False, x, self_spec) == projection_products(True, memory, spec) == [1, 1, 1]
+  elif d_v is None:
+    assert projection_products(False, x, self_spec) == [3]
+    assert projection_products(True, memory, spec) == [1, 2]
+  else:
+    assert projection_products(False, x, self_spec) == [1, 2]
+    assert projection_products(True, memory, spec) == [1, 1, 1]
+
+
+def test_fused_projections_equal_separate_ones(monkeypatch):
+  cfg = TINY.replace(attention='reference', cpu_kernels='off', attention_bias=True)
+  inputs, targets = _tokens(0, (3, 7), [7, 5, 2]), _tokens(1, (3, 9), [9, 4, 6])
+  model, params = _init(cfg, inputs, targets)
+  separate = model.apply({'params': params}, inputs, targets)
+  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
+  np.testing.assert_allclose(model.apply({'params': params}, inputs, targets), separate, rtol=1e-5, atol=1e-6)
 
 
 def test_every_parameter_has_logical_axis_names():

@@ -359,7 +359,7 @@ PARTS = ('embeddings', 'attention: scores', 'attention: mask', 'attention: softm
          'pre-softmax layer + loss', 'optimizer update', 'collectives', 'other (no model scope)')
 _SCORES, _WEIGHTED_SUM = 'bqhd,bkhd->bhqk', 'bhqk,bkhd->bqhd'  # attention.reference_attention's einsums
 _MASK_PRIMITIVES = ('select_n', 'and', 'eq', 'ne', 'le', 'lt', 'ge', 'gt', 'iota', 'any', 'reduce_or')
-_PROJECTIONS = ('/query/', '/key/', '/value/', '/out/')
+_PROJECTIONS = ('/query/', '/key/', '/value/', '/out/', '/key_value/', '/query_key_value/')  # fused on a GPU
 
 
 def part_of(op: OpCost) -> str:
