@@ -8,11 +8,15 @@ checks the breakdown of a real train step against XLA's totals and the analytic 
 import gzip
 import json
 
+import jax
 import pytest
 
+import helpers
 from bench import step_costs
 from bench import step_profile
 from transformer_jax import hlo_costs
+from transformer_jax import sharding
+from transformer_jax.model_config import ModelConfig
 
 _MODULE = """HloModule m, is_scheduled=true
 
@@ -102,6 +106,20 @@ def test_ops_are_attributed_to_model_parts_by_their_op_names():
   # The custom call without metadata (as the compiler's memory moves) counts with the all-reduce it feeds.
   assert parts['FFN'].ops == 1 and parts['FFN'].bytes == parts['FFN'].borrowed_bytes == 2 * 4 * 8 * 4
   assert 'other (no model scope)' not in parts
+
+
+def test_projections_fused_for_a_gpu_count_as_attention_projections(monkeypatch):
+  # A GPU program's self-attention projects query, key and value in one product, cross-attention key and value.
+  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
+  cfg = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
+                    dropout=0.0, max_len=64, attention='reference')
+  inputs, targets = helpers.tokens(0, (2, 7), [7, 5]), helpers.tokens(1, (2, 9), [9, 4])
+  model, params = helpers.init_model(cfg, inputs=inputs, targets=targets)
+  hlo = jax.jit(lambda p: model.apply({'params': p}, inputs, targets)).lower(params).compile().as_text()
+  projected = [op for op in hlo_costs.op_costs(hlo) if '._project/' in op.op_name]
+  assert {op.op_name.split('._project/')[1].split('/')[0] for op in projected} == {'query_key_value', 'query',
+                                                                                  'key_value'}
+  assert {hlo_costs.part_of(op) for op in projected} == {'attention projections'}
 
 
 @pytest.mark.slow
