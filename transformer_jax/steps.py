@@ -137,8 +137,9 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module, tx: optax.Gr
     grads = jax.tree.map(lambda g: g / tokens, grads)
     grad_norm = optax.tree.norm(grads)
     learning_rate = schedule(state.step)
-    # With adam_eps > 0 (a config check), finite gradients and learning rate make a finite Adam update, so the
-    # guard is known before the update and each leaf's update and select fuse into one pass over its state.
+    # With adam_eps > 0 (a config check), finite gradients and learning rate make a finite Adam update (a schedule
+    # is finite at every step or at none, so this step's rate speaks for the optimizer's count), so the guard is
+    # known before the update and each leaf's update and select fuse into one pass over its state.
     finite = jnp.isfinite(sums['loss']) & jnp.isfinite(grad_norm) & jnp.isfinite(learning_rate)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
