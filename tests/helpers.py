@@ -18,6 +18,7 @@ import sys
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -274,6 +275,14 @@ class JitModel:
   def __init__(self, cfg):
     self.module = make_model(cfg)
     self.apply = jax.jit(self.module.apply, static_argnames=('method', 'mutable', 'deterministic', 'decode'))
+
+
+def equations(jaxpr):
+  """Every equation of a jaxpr, those of its inner jaxprs (jit, custom_vjp, scan bodies) included."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from equations(sub)
 
 
 def init_model(cfg, **inputs):

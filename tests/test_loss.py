@@ -10,11 +10,11 @@ import functools
 
 import flax.linen as nn
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from transformer_jax import loss
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -82,17 +82,9 @@ def test_the_forward_pass_reduces_the_logits_twice(with_bias):
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
   jaxpr = jax.make_jaxpr(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss'])(hidden, weights)
   vocab = weights.shape[0]
-
-  def vocab_reductions(jaxpr):
-    count = 0
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name.startswith('reduce_') and eqn.invars[0].aval.shape[-1:] == (vocab,):
-        count += len(eqn.invars[0].aval.shape) > 1
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        count += vocab_reductions(sub)
-    return count
-
-  assert vocab_reductions(jaxpr.jaxpr) == 2
+  vocab_reductions = [eqn for eqn in helpers.equations(jaxpr.jaxpr) if eqn.primitive.name.startswith('reduce_')
+                      and len(eqn.invars[0].aval.shape) > 1 and eqn.invars[0].aval.shape[-1] == vocab]
+  assert len(vocab_reductions) == 2
 
 
 def test_the_loss_alone_differentiates_as_the_formula():

@@ -4,7 +4,6 @@ import os
 
 import flax.linen as nn
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -175,17 +174,9 @@ def test_attention_projects_each_input_once_on_a_gpu(monkeypatch, platform, d_v)
   def projection_products(cross, x_kv, spec):
     layer = MultiHeadAttention(cfg, deterministic=True, cross=cross)
     variables = layer.init(jax.random.key(0), x, x_kv, spec)
-    kernels = []
-
-    def walk(jaxpr):
-      for eqn in jaxpr.eqns:
-        if eqn.primitive.name == 'dot_general' and eqn.invars[1].aval.shape[0] == cfg.d_model:
-          kernels.append(eqn.invars[1].aval.shape[1])  # projections stacked in this product
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-          walk(sub)
-
-    walk(jax.make_jaxpr(lambda v: layer.apply(v, x, x_kv, spec))(variables).jaxpr)
-    return sorted(kernels)
+    jaxpr = jax.make_jaxpr(lambda v: layer.apply(v, x, x_kv, spec))(variables).jaxpr
+    return sorted(eqn.invars[1].aval.shape[1] for eqn in helpers.equations(jaxpr)  # projections stacked in it
+                  if eqn.primitive.name == 'dot_general' and eqn.invars[1].aval.shape[0] == cfg.d_model)
 
   if platform != 'gpu':
     assert projection_products(False, x, self_spec) == projection_products(True, memory, spec) == [1, 1, 1]
