@@ -214,10 +214,9 @@ class MultiHeadAttention(nn.Module):
   def _project(self, x, params, names):
     """The named projections of x; on a GPU those of one shape (all unless d_k != d_v) as one matrix product,
     which cuBLAS runs faster than three narrow ones (a TPU program moves more bytes that way: one each)."""
-    groups = {}
+    fuse, groups = sharding.target_platform() == 'gpu', {}
     for name in names:
-      key = params[name][0].shape if sharding.target_platform() == 'gpu' else name
-      groups.setdefault(key, []).append(name)
+      groups.setdefault(params[name][0].shape if fuse else name, []).append(name)
     out = {}
     for group in groups.values():
       with jax.named_scope('_'.join(group)):  # op names that hlo_costs attributes to the projections
