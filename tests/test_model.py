@@ -175,17 +175,18 @@ def test_attention_projects_each_input_once_on_a_gpu(monkeypatch, platform, d_v)
     layer = MultiHeadAttention(cfg, deterministic=True, cross=cross)
     variables = layer.init(jax.random.key(0), x, x_kv, spec)
     jaxpr = jax.make_jaxpr(lambda v: layer.apply(v, x, x_kv, spec))(variables).jaxpr
-    return sorted(eqn.invars[1].aval.shape[1] for eqn in helpers.equations(jaxpr)  # projections stacked in it
+    # each product's kernel's stack axes: (n,) for n projections stacked, () for a lone kernel as it is
+    return sorted(eqn.invars[1].aval.shape[1:-2] for eqn in helpers.equations(jaxpr)
                   if eqn.primitive.name == 'dot_general' and eqn.invars[1].aval.shape[0] == cfg.d_model)
 
   if platform != 'gpu':
-    assert projection_products(False, x, self_spec) == projection_products(True, memory, spec) == [1, 1, 1]
+    assert projection_products(False, x, self_spec) == projection_products(True, memory, spec) == [(), (), ()]
   elif d_v is None:
-    assert projection_products(False, x, self_spec) == [3]
-    assert projection_products(True, memory, spec) == [1, 2]
+    assert projection_products(False, x, self_spec) == [(3,)]
+    assert projection_products(True, memory, spec) == [(), (2,)]
   else:
-    assert projection_products(False, x, self_spec) == [1, 2]
-    assert projection_products(True, memory, spec) == [1, 1, 1]
+    assert projection_products(False, x, self_spec) == [(), (2,)]
+    assert projection_products(True, memory, spec) == [(), (), ()]
 
 
 def test_fused_projections_equal_separate_ones(monkeypatch):

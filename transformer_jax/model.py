@@ -150,16 +150,18 @@ class ProjectionParams(nn.Module):
 
 
 def project(config: ModelConfig, x, projections) -> list:
-  """x [..., d_in] through projections of one shape ((kernel, bias) pairs) as one matrix product: the kernels
-  stacked on a new axis, so x is read once and the product is as wide as all of them (the backward pass's too).
-  In the compute dtype, on a CPU through `cpu_backend.dot_general` as `dense`."""
-  dtype = config.compute_dtype
-  kernels = jnp.stack([kernel for kernel, _ in projections], axis=1).astype(dtype)  # [d_in, n, heads, head_dim]
+  """x [..., d_in] through projections of one shape ((kernel, bias) pairs) as one matrix product: several kernels
+  stacked on a new axis, so x is read once and the product is as wide as all of them (the backward pass's too); a
+  lone kernel as it is (a unit stack axis changes XLA's layouts). In the compute dtype, on a CPU through
+  `cpu_backend.dot_general` as `dense`."""
+  dtype, stacked = config.compute_dtype, len(projections) > 1
+  join = (lambda arrays: jnp.stack(arrays, axis=-3)) if stacked else (lambda arrays: arrays[0])
+  kernel = join([kernel for kernel, _ in projections]).astype(dtype)  # [d_in, (n,) heads, head_dim]
   dot = cpu_backend.dot_general if cpu_backend.enabled(config.cpu_kernels) else jax.lax.dot_general
-  out = dot(x.astype(dtype), kernels, (((x.ndim - 1,), (0,)), ((), ())))
+  out = dot(x.astype(dtype), kernel, (((x.ndim - 1,), (0,)), ((), ())))
   if projections[0][1] is not None:
-    out = out + jnp.stack([bias for _, bias in projections]).astype(dtype)
-  return [out[..., i, :, :] for i in range(len(projections))]
+    out = out + join([bias for _, bias in projections]).astype(dtype)
+  return [out[..., i, :, :] for i in range(len(projections))] if stacked else [out]
 
 
 class MultiHeadAttention(nn.Module):
