@@ -119,7 +119,7 @@ def test_unknown_implementation_is_an_error():
 RATE = 0.3
 
 
-def _dropped_reference(q, k, v, spec, rng, block: int):
+def _dropped_reference(q, k, v, spec, rng, block: int, cpu_masks=False):
   """softmax(QK^T/sqrt(d)) with its mask, times the dropout factors of `attention.dropout_scale` laid out in
   [block × block] tiles (padded up to whole tiles), then · V: the chunked path's arithmetic, on the full matrix."""
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
@@ -127,24 +127,26 @@ def _dropped_reference(q, k, v, spec, rng, block: int):
   weights = jax.nn.softmax(jnp.where(mask, scores, attention_masks.NEG), axis=-1) * jnp.any(mask, -1, keepdims=True)
   b, h, lq, lk = weights.shape
   nq, nk = -(-lq // block), -(-lk // block)
-  rows = [jnp.concatenate([attention.dropout_scale(rng, RATE, i, j, (b, h, block, block)) for j in range(nk)], -1)
-          for i in range(nq)]
+  rows = [jnp.concatenate([attention.dropout_scale(rng, RATE, i, j, (b, h, block, block), cpu_masks)
+                           for j in range(nk)], -1) for i in range(nq)]
   factors = jnp.concatenate(rows, axis=-2)[:, :, :lq, :lk]
   return jnp.einsum('bhqk,bkhd->bqhd', weights * factors, v)
 
 
+@pytest.mark.parametrize('cpu_masks', [False, True])
 @pytest.mark.parametrize('chunk', [4, 64])
-def test_chunked_attention_dropout_is_the_full_matrix_dropout_block_by_block(chunk):
+def test_chunked_attention_dropout_is_the_full_matrix_dropout_block_by_block(chunk, cpu_masks):
   q, k, v, spec = _random_case(7, segments=True, causal=True)
   rng = jax.random.key(3)
-  out = attention.attend(q, k, v, spec, implementation='chunked', chunk_size=chunk, dropout_rate=RATE,
-                         dropout_rng=rng)
-  expected = _dropped_reference(q, k, v, spec, rng, min(chunk, q.shape[1]))
+  dropped = lambda name, **kw: attention.attend(q, k, v, spec, implementation=name, dropout_rate=RATE,
+                                                dropout_rng=rng, **kw)
+  out = dropped('chunked', chunk_size=chunk, cpu_masks=cpu_masks)
+  expected = _dropped_reference(q, k, v, spec, rng, min(chunk, q.shape[1]), cpu_masks)
   np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
   assert not np.allclose(out, attention.attend(q, k, v, spec, implementation='chunked', chunk_size=chunk))
+  assert not np.allclose(out, dropped('chunked', chunk_size=chunk, cpu_masks=not cpu_masks))  # the masks differ
   if chunk >= q.shape[1]:  # one block: the reference implementation draws the same bits
-    reference = attention.attend(q, k, v, spec, implementation='reference', dropout_rate=RATE, dropout_rng=rng)
-    np.testing.assert_allclose(out, reference, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(out, dropped('reference', cpu_masks=cpu_masks), atol=2e-5, rtol=2e-5)
 
 
 def test_chunked_attention_dropout_gradients_follow_the_same_weights():

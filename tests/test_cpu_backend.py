@@ -1,8 +1,10 @@
-"""The CPU seam: its backward passes give autodiff's values, it is switched by backend or config, and its
+"""The CPU seam: its backward passes give autodiff's values, its dropout masks keep at the rate from a quarter of
+bernoulli's random words (and off the CPU are nn.Dropout's), it is switched by backend or config, and its
 host-memory setting makes large blocks come from the reused heap."""
 
 import functools
 import json
+import math
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ import pytest
 
 import helpers
 from transformer_jax import aot, checkpoint, cpu_backend, metrics
+from transformer_jax import model as model_lib
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 
@@ -59,6 +62,51 @@ def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(
   ours = jax.jit(jax.value_and_grad(functools.partial(loss, 'on')))(params)
   stock = jax.jit(jax.value_and_grad(functools.partial(loss, 'off')))(params)
   _assert_close(ours, stock)
+
+
+@pytest.mark.parametrize('cpu', [False, True])
+def test_keep_masks_keep_at_the_rate_independently_and_reproducibly(cpu):
+  keep, shape = 0.9, (1000, 1001)  # an odd size: a half-used last word, an odd count of words
+  mask = np.asarray(cpu_backend.keep_mask(jax.random.key(5), keep, shape, cpu))
+  assert mask.shape == shape and mask.dtype == bool
+  n, flat = mask.size, mask.reshape(-1).astype(np.float64)
+  assert abs(flat.mean() - keep) < 5 * np.sqrt(keep * (1 - keep) / n)  # five standard deviations
+  half = n // 2  # neighbours (one word's two draws, adjacent words) and the two halves of threefry's counts
+  for a, b in ((flat[:-1], flat[1:]), (flat[:half], flat[half:2 * half])):
+    assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(a.size)
+  np.testing.assert_array_equal(mask, cpu_backend.keep_mask(jax.random.key(5), keep, shape, cpu))
+  assert (mask != np.asarray(cpu_backend.keep_mask(jax.random.key(6), keep, shape, cpu))).mean() > 0.1
+  assert cpu_backend.keep_mask(jax.random.key(5), keep, (7, 3, 5), cpu).shape == (7, 3, 5)
+
+
+def test_cpu_keep_masks_take_one_threefry_evaluation_per_four_elements():
+  def random_work(cpu):
+    """(32-bit words drawn from the key, one threefry2x32 evaluation each; threefry2x32 evaluations of its own)"""
+    jaxpr = jax.make_jaxpr(lambda key: cpu_backend.keep_mask(key, 0.9, (64, 100), cpu))(jax.random.key(0)).jaxpr
+    eqns = list(helpers.equations(jaxpr))
+    return (sum(math.prod(eqn.params['shape']) for eqn in eqns if eqn.primitive.name == 'random_bits'),
+            sum(eqn.invars[2].aval.size for eqn in eqns if eqn.primitive.name == 'threefry2x32'))
+
+  assert random_work(False) == (64 * 100, 0)  # bernoulli: a word per element
+  assert random_work(True) == (2, 64 * 100 // 4)  # a threefry key, then an evaluation per four elements
+
+
+@pytest.mark.parametrize('setting', ['off', 'on'])
+def test_the_model_dropout_is_nn_dropout_off_the_cpu_seam(setting):
+  cfg = ModelConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                    cpu_kernels=setting)
+
+  class Dropped(nn.Module):  # the two dropouts under the same parent, so they take the same auto-name
+    ours: bool
+
+    @nn.compact
+    def __call__(self, x):
+      return model_lib.Dropout(cfg, 0.3)(x, False) if self.ours else nn.Dropout(0.3)(x, deterministic=False)
+
+  x, rngs = jnp.ones((4, 8, 16)), {'dropout': jax.random.key(3)}
+  ours, stock = Dropped(True).apply({}, x, rngs=rngs), Dropped(False).apply({}, x, rngs=rngs)
+  np.testing.assert_allclose(np.unique(np.asarray(ours)), [0.0, 1 / 0.7], rtol=1e-6)
+  assert np.array_equal(ours, stock) == (setting == 'off')
 
 
 def _mesh_of(devices):

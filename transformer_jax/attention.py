@@ -11,20 +11,22 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention_masks
+from transformer_jax import cpu_backend
 from transformer_jax import flash_attention
 from transformer_jax import sharding
 from transformer_jax.attention_masks import NEG
 
 
-def dropout_scale(rng, rate: float, q_block, k_block, shape) -> jax.Array:
+def dropout_scale(rng, rate: float, q_block, k_block, shape, cpu_masks: bool = False) -> jax.Array:
   """Attention dropout's factors for one [.., q, k] block of weights: 0 (dropped) or 1 / (1 - rate), drawn from
   `rng` folded with the block's indices, so a block's bits do not depend on how many blocks there are (the
-  full matrix is block (0, 0))."""
-  keep = jax.random.bernoulli(jax.random.fold_in(jax.random.fold_in(rng, q_block), k_block), 1.0 - rate, shape)
-  return keep.astype(jnp.float32) / (1.0 - rate)
+  full matrix is block (0, 0)); `cpu_masks`: `cpu_backend.keep_mask`'s CPU draws."""
+  block_rng = jax.random.fold_in(jax.random.fold_in(rng, q_block), k_block)
+  return cpu_backend.keep_mask(block_rng, 1.0 - rate, shape, cpu_masks).astype(jnp.float32) / (1.0 - rate)
 
 
-def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_rng=None, return_weights=False):
+def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_rng=None, cpu_masks=False,
+                        return_weights=False):
   """softmax(QK^T/sqrt(d_k))V with einsums, softmax in float32 (§3.2.1); optionally returns the weights."""
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
   scores = scores / math.sqrt(q.shape[-1])
@@ -32,7 +34,7 @@ def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_rng=None, re
   scores = jnp.where(mask, scores, NEG)
   weights = jax.nn.softmax(scores, axis=-1) * jnp.any(mask, axis=-1, keepdims=True)
   if dropout_rate > 0.0 and dropout_rng is not None:
-    weights = weights * dropout_scale(dropout_rng, dropout_rate, 0, 0, weights.shape)
+    weights = weights * dropout_scale(dropout_rng, dropout_rate, 0, 0, weights.shape, cpu_masks)
   out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
   return (out, weights) if return_weights else out
 
@@ -60,7 +62,7 @@ def _cudnn_applicable(q, spec) -> bool:
           and q.shape[-1] <= 128)
 
 
-def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropout_rng=None):
+def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropout_rng=None, cpu_masks=False):
   """Memory-efficient attention: query blocks (rematerialised in the backward pass) × an online softmax
   over key blocks, so peak memory grows with chunk_size × length instead of length². Attention dropout is drawn
   block by block (`dropout_scale`) and applied to the weights' numerator, as on the full matrix.
@@ -90,7 +92,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
       correction = jnp.exp(m - m_new)
       l = l * correction + p.sum(axis=-1)
       if dropping:
-        p = p * dropout_scale(dropout_rng, dropout_rate, q_start // cq, k_start // ck, p.shape)
+        p = p * dropout_scale(dropout_rng, dropout_rate, q_start // cq, k_start // ck, p.shape, cpu_masks)
       pv = jnp.einsum('bhqk,bkhd->bqhd', p.astype(v.dtype), v_blk, preferred_element_type=jnp.float32)
       acc = acc * jnp.swapaxes(correction, 1, 2)[..., None] + pv
       return (m_new, l, acc), None
@@ -162,14 +164,16 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
 
 
 def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', chunk_size=512, dropout_rate=0.0,
-           dropout_rng=None):
+           dropout_rng=None, cpu_masks=False):
   """One signature for every implementation: q [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v]; `serving`
-  picks the one that runs. Dropout (`dropout_rate` > 0 with a `dropout_rng`) applies to the attention weights."""
+  picks the one that runs. Dropout (`dropout_rate` > 0 with a `dropout_rng`) applies to the attention weights,
+  with `cpu_masks` (the CPU seam's, `cpu_backend.keep_mask`) its masks drawn for a CPU."""
   dropout = dropout_rate > 0.0 and dropout_rng is not None
   name = serving(implementation, spec, q, v, dropout)
   if name == 'reference':
-    return reference_attention(q, k, v, spec, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    return reference_attention(q, k, v, spec, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                               cpu_masks=cpu_masks)
   if name == 'chunked':
     return chunked_attention(q, k, v, spec, chunk_size=chunk_size, dropout_rate=dropout_rate,
-                             dropout_rng=dropout_rng)
+                             dropout_rng=dropout_rng, cpu_masks=cpu_masks)
   return IMPLEMENTATIONS[name](q, k, v, spec)

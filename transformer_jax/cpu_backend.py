@@ -1,5 +1,5 @@
-"""The XLA:CPU backend's speed-ups, behind one seam: hand-written backward passes, host-memory reuse, and
-checkpoint saves that copy each array once.
+"""The XLA:CPU backend's speed-ups, behind one seam: hand-written backward passes, dropout masks from fewer random
+bits, host-memory reuse, and checkpoint saves that copy each array once.
 
 The model uses stock JAX/Flax pieces on every backend. When the run's devices are CPUs (`model.cpu_kernels='auto'`,
 the default; 'on'/'off' force it) its projections (`dot_general`, for `nn.DenseGeneral`) take a backward pass
@@ -12,11 +12,13 @@ pass to the CPU until a kernel-by-kernel measurement on each accelerator says wh
 import ctypes
 import functools
 import glob
+import math
 import os
 
 import jax
-import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from jax.extend import random as jax_random
+import jax.numpy as jnp
 
 from transformer_jax import sharding
 from transformer_jax.model_config import CPU_KERNELS
@@ -76,6 +78,26 @@ def remat_policy(policy):
     return None
   return jax.checkpoint_policies.save_from_both_policies(
       policy, jax.checkpoint_policies.save_only_these_names(_CONTRACTION))
+
+
+# --------------------------------------------------------------------------------------- dropout masks
+
+_DRAW_BITS = 16
+
+
+def keep_mask(rng, keep_prob: float, shape, cpu: bool) -> jax.Array:
+  """Dropout's keep mask, True with probability `keep_prob`: `jax.random.bernoulli`'s (nn.Dropout's), or with
+  `cpu` 16-bit draws, four per threefry2x32 evaluation where bernoulli spends one per element, kept below
+  round(keep_prob · 2^16) (a keep probability within 2^-17 of keep_prob). The random bits were the largest cost
+  of dropout on XLA:CPU; a TPU program moves more bytes this way (bench/RESULTS.md)."""
+  if not cpu:
+    return jax.random.bernoulli(rng, keep_prob, shape)
+  size = math.prod(shape)
+  words = -(-size // 2)  # two draws per 32-bit word
+  key = jax.random.bits(rng, (2,), jnp.uint32)  # a threefry key from a key of any implementation
+  bits = jax_random.threefry_2x32(key, jnp.arange(words + words % 2, dtype=jnp.uint32))  # an even count
+  draws = jnp.stack([bits & 0xFFFF, bits >> _DRAW_BITS], axis=-1).reshape(-1)[:size]
+  return (draws < round(keep_prob * (1 << _DRAW_BITS))).reshape(shape)
 
 
 # --------------------------------------------------------------------------------------- host memory

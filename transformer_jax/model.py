@@ -68,6 +68,22 @@ def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax
   return jnp.where(targets > 0, jnp.where(starts, BOS_ID, shifted), 0)
 
 
+class Dropout(nn.Module):
+  """nn.Dropout, its mask from `cpu_backend.keep_mask`: on a GPU or TPU the same random stream and mask (a module
+  of the same class name takes the same auto-name, hence the same rng), on a CPU its cheaper draws."""
+
+  config: ModelConfig
+  rate: float
+
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    keep = 1.0 - self.rate
+    cpu = cpu_backend.enabled(self.config.cpu_kernels)
+    mask = cpu_backend.keep_mask(self.make_rng('dropout'), keep, x.shape, cpu)
+    return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
+
+
 class Embedder(nn.Module):
   """Token embedding ×√d_model (unless `model.scale_embeddings` is off) plus positional encoding, then dropout
   (§3.4, §3.5, §5.4)."""
@@ -89,7 +105,7 @@ class Embedder(nn.Module):
                     embedding_init=_param(nn.initializers.normal(cfg.d_model ** -0.5), ('length', 'embed')),
                     name='position_embedding')(jnp.minimum(positions, cfg.max_len - 1))
     x = (x + pe).astype(cfg.compute_dtype)
-    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    x = Dropout(cfg, cfg.dropout)(x, deterministic)
     return _constrain(x, ('batch', 'length', 'embed'))
 
 
@@ -208,7 +224,8 @@ class MultiHeadAttention(nn.Module):
       self.sow('intermediates', 'attention_weights', weights)
     else:
       out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
-                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
+                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng,
+                             cpu_masks=cpu_backend.enabled(cfg.cpu_kernels))
     out = _constrain(out, qkv_names)
     out_proj = dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), use_bias=cfg.attention_bias, name='out')
     return out_proj(out)
@@ -257,7 +274,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     h = dense(cfg, cfg.d_ff, ('embed', 'mlp'), use_bias=True, name='wi')(x)
     h = _constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp'))
-    h = nn.Dropout(cfg.relu_dropout)(h, deterministic=self.deterministic)
+    h = Dropout(cfg, cfg.relu_dropout)(h, self.deterministic)
     return dense(cfg, cfg.d_model, ('mlp', 'embed'), use_bias=True, name='wo')(h)
 
 
@@ -277,10 +294,10 @@ class Residual(nn.Module):
   @nn.compact
   def __call__(self, x, sublayer):
     norm = layer_norm(self.config, 'norm')
-    dropout = nn.Dropout(self.config.dropout)
+    dropout = Dropout(self.config, self.config.dropout)
     if self.config.norm == 'pre':
-      return x + dropout(sublayer(norm(x)), deterministic=self.deterministic)
-    return norm(x + dropout(sublayer(x), deterministic=self.deterministic))
+      return x + dropout(sublayer(norm(x)), self.deterministic)
+    return norm(x + dropout(sublayer(x), self.deterministic))
 
 
 class EncoderLayer(nn.Module):
