@@ -71,9 +71,8 @@ def test_keep_masks_keep_at_the_rate_independently_and_reproducibly(cpu):
   assert mask.shape == shape and mask.dtype == bool
   n, flat = mask.size, mask.reshape(-1).astype(np.float64)
   assert abs(flat.mean() - keep) < 5 * np.sqrt(keep * (1 - keep) / n)  # five standard deviations
-  half = n // 2  # neighbours (one word's two draws, adjacent words) and the two halves of threefry's counts
-  for a, b in ((flat[:-1], flat[1:]), (flat[:half], flat[half:2 * half])):
-    assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(a.size)
+  for lag in (1, 2):  # one word's two draws and adjacent words; one evaluation's two words
+    assert abs(np.corrcoef(flat[:-lag], flat[lag:])[0, 1]) < 5 / np.sqrt(n - lag)
   np.testing.assert_array_equal(mask, cpu_backend.keep_mask(jax.random.key(5), keep, shape, cpu))
   assert (mask != np.asarray(cpu_backend.keep_mask(jax.random.key(6), keep, shape, cpu))).mean() > 0.1
   assert cpu_backend.keep_mask(jax.random.key(5), keep, (7, 3, 5), cpu).shape == (7, 3, 5)
@@ -89,6 +88,17 @@ def test_cpu_keep_masks_take_one_threefry_evaluation_per_four_elements():
 
   assert random_work(False) == (64 * 100, 0)  # bernoulli: a word per element
   assert random_work(True) == (2, 64 * 100 // 4)  # a threefry key, then an evaluation per four elements
+
+
+def test_cpu_keep_masks_are_drawn_shard_by_shard():
+  mesh = _mesh_of(jax.devices()[:4])
+  x = jax.device_put(jnp.ones((8, 6, 10)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
+  dropped = jax.jit(lambda key, x: jnp.where(cpu_backend.keep_mask(key, 0.9, x.shape, True), x / 0.9, 0))
+  hlo = dropped.lower(jax.random.key(1), x).compile().as_text()
+  assert not [op for op in ('all-gather', 'all-to-all', 'collective-permute', 'all-reduce') if op in hlo]
+  np.testing.assert_array_equal(dropped(jax.random.key(1), x), dropped(jax.random.key(1), np.ones((8, 6, 10))))
+  with pytest.raises(ValueError, match='more than 2.32 threefry counters; split the batch'):
+    jax.eval_shape(lambda key: cpu_backend.keep_mask(key, 0.9, (1 << 17, 1 << 17), True), jax.random.key(0))
 
 
 @pytest.mark.parametrize('setting', ['off', 'on'])

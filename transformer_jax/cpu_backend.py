@@ -82,22 +82,31 @@ def remat_policy(policy):
 
 # --------------------------------------------------------------------------------------- dropout masks
 
-_DRAW_BITS = 16
+_PER_EVALUATION = 4  # 16-bit draws from threefry2x32's two 32-bit words
 
 
 def keep_mask(rng, keep_prob: float, shape, cpu: bool) -> jax.Array:
   """Dropout's keep mask, True with probability `keep_prob`: `jax.random.bernoulli`'s (nn.Dropout's), or with
   `cpu` 16-bit draws, four per threefry2x32 evaluation where bernoulli spends one per element, kept below
   round(keep_prob · 2^16) (a keep probability within 2^-17 of keep_prob). The random bits were the largest cost
-  of dropout on XLA:CPU; a TPU program moves more bytes this way (bench/RESULTS.md)."""
+  of dropout on XLA:CPU; a TPU program moves more bytes this way (bench/RESULTS.md). The counters are laid out
+  like the mask (its last axis in fours), so a mask sharded over leading axes is drawn shard by shard."""
   if not cpu:
     return jax.random.bernoulli(rng, keep_prob, shape)
-  size = math.prod(shape)
-  words = -(-size // 2)  # two draws per 32-bit word
+  *leading, last = shape or (1,)
+  grid = (*leading, -(-last // _PER_EVALUATION))
+  if math.prod(grid) >= 1 << 32:
+    raise ValueError(f'a dropout mask of shape {shape} needs more than 2^32 threefry counters; split the batch.')
+  counters = jnp.zeros(grid, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(grid))):  # each element's row-major index in the grid
+    counters = counters + jax.lax.broadcasted_iota(jnp.uint32, grid, axis) * jnp.uint32(stride)
+    stride *= grid[axis]
   key = jax.random.bits(rng, (2,), jnp.uint32)  # a threefry key from a key of any implementation
-  bits = jax_random.threefry_2x32(key, jnp.arange(words + words % 2, dtype=jnp.uint32))  # an even count
-  draws = jnp.stack([bits & 0xFFFF, bits >> _DRAW_BITS], axis=-1).reshape(-1)[:size]
-  return (draws < round(keep_prob * (1 << _DRAW_BITS))).reshape(shape)
+  words = jax_random.threefry2x32_p.bind(key[0], key[1], jnp.zeros_like(counters), counters)
+  draws = jnp.stack([half for word in words for half in (word & 0xFFFF, word >> 16)], axis=-1)
+  draws = draws.reshape(*leading, grid[-1] * _PER_EVALUATION)[..., :last].reshape(shape)
+  return draws < round(keep_prob * (1 << 16))
 
 
 # --------------------------------------------------------------------------------------- host memory
