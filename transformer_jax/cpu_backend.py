@@ -3,7 +3,8 @@ bits, host-memory reuse, and checkpoint saves that copy each array once.
 
 The model uses stock JAX/Flax pieces on every backend. When the run's devices are CPUs (`model.cpu_kernels='auto'`,
 the default; 'on'/'off' force it) its projections (`dot_general`, for `nn.DenseGeneral`) take a backward pass
-written for XLA:CPU's layouts, with the same values as autodiff (tested). The pre-softmax layer and the loss have
+written for XLA:CPU's layouts, with the same values as autodiff (tested), and its dropout masks (`keep_mask`) come
+from a quarter of bernoulli's random work. The pre-softmax layer and the loss have
 one implementation on every backend, `loss.token_sums`, whose gradient contracts in the layout-friendly order.
 Measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps the projections' backward
 pass to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.

@@ -53,7 +53,7 @@ class ModelConfig:
   scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
   dtype: str = 'float32'  # compute dtype
   param_dtype: str = 'float32'
-  cpu_kernels: str = 'auto'  # the XLA:CPU backward passes (cpu_backend.py): see CPU_KERNELS
+  cpu_kernels: str = 'auto'  # the XLA:CPU backward passes and dropout masks (cpu_backend.py): see CPU_KERNELS
 
   def __post_init__(self):
     _check_choice('architecture', self.architecture, ARCHITECTURES)
