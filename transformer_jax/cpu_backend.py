@@ -90,8 +90,8 @@ def keep_mask(rng, keep_prob: float, shape, cpu: bool) -> jax.Array:
   """Dropout's keep mask, True with probability `keep_prob`: `jax.random.bernoulli`'s (nn.Dropout's), or with
   `cpu` 16-bit draws, four per threefry2x32 evaluation where bernoulli spends one per element, kept below
   round(keep_prob · 2^16) (a keep probability within 2^-17 of keep_prob). The random bits were the largest cost
-  of dropout on XLA:CPU; a TPU program moves more bytes this way (bench/RESULTS.md). The counters are laid out
-  like the mask (its last axis in fours), so a mask sharded over leading axes is drawn shard by shard."""
+  of dropout on XLA:CPU; on a TPU, 16-bit draws made the program move more bytes (bench/RESULTS.md). The counters
+  are laid out like the mask (its last axis in fours), so a mask sharded over leading axes is drawn shard by shard."""
   if not cpu:
     return jax.random.bernoulli(rng, keep_prob, shape)
   *leading, last = shape or (1,)
