@@ -66,7 +66,7 @@ def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(
 
 @pytest.mark.parametrize('cpu', [False, True])
 def test_keep_masks_keep_at_the_rate_independently_and_reproducibly(cpu):
-  keep, shape = 0.9, (1000, 1001)  # an odd size: a half-used last word, an odd count of words
+  keep, shape = 0.9, (1000, 1001)  # a last axis of 1001: each row's last evaluation has one of its four draws used
   mask = np.asarray(cpu_backend.keep_mask(jax.random.key(5), keep, shape, cpu))
   assert mask.shape == shape and mask.dtype == bool
   n, flat = mask.size, mask.reshape(-1).astype(np.float64)
