@@ -19,7 +19,7 @@ TOPOLOGY = 'v4-8'  # 4 chips
 
 def small_config(mesh: str, topology: str = TOPOLOGY, **model):
   config = config_lib.load('configs/wmt14_ende_base.py:runlocal')
-  config.model.update(num_encoder_layers=1, num_decoder_layers=1, dtype='bfloat16', **model)
+  config.model.update({'num_encoder_layers': 1, 'num_decoder_layers': 1, 'dtype': 'bfloat16', **model})
   aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
   return config
 
@@ -97,6 +97,17 @@ def test_zero1_keeps_the_backward_pass_in_the_parameters_layout():
   assert 0 < collectives['all-gather'].bytes <= _param_bytes(program)
   assert collectives['all-to-all'].count == 0
 
+
+@pytest.mark.slow
+def test_a_scanned_stack_counts_every_layer():
+  """XLA's cost analysis counts a loop body once, and the TPU program of a scan keeps no trip count: the analysis
+  counts each layer's run, so three scanned layers per side cost about what three unrolled ones do."""
+  analyses = {scan: aot.analyze_train_step(small_config('data', num_encoder_layers=3, num_decoder_layers=3,
+                                                        scan_layers=scan), TOPOLOGY) for scan in (False, True)}
+  scanned, unrolled = analyses[True], analyses[False]
+  assert scanned.flops * scanned.num_chips >= scanned.model_flops  # two of three layers' FLOPs were missing
+  assert scanned.flops == pytest.approx(unrolled.flops, rel=0.05)
+  assert scanned.bytes_accessed >= 0.8 * unrolled.bytes_accessed
 
 @pytest.mark.slow
 def test_oversized_config_does_not_fit_and_says_what_to_change():

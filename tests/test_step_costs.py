@@ -122,6 +122,56 @@ def test_projections_fused_for_a_gpu_count_as_attention_projections(monkeypatch)
   assert {hlo_costs.part_of(op) for op in projected} == {'attention projections'}
 
 
+# A loop as the TPU compiler prints a scan: no known_trip_count, the counter starts at a copied constant 2 and runs
+# while below 7, and the body writes one row of a stacked [7, 16] buffer in place.
+_TPU_LOOP_MODULE = """HloModule t, is_scheduled=true
+
+%fused_update (param_0: f32[7,16], param_1: f32[16], param_2: s32[]) -> f32[7,16] {
+  %param_0 = f32[7,16]{1,0} parameter(0)
+  %param_1 = f32[16]{0} parameter(1)
+  %row = f32[1,16]{1,0} bitcast(%param_1)
+  %param_2 = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  ROOT %dus = f32[7,16]{1,0} dynamic-update-slice(%param_0, %row, %param_2, %zero)
+}
+
+%body (p: (s32[], f32[16], f32[7,16])) -> (s32[], f32[16], f32[7,16]) {
+  %p = (s32[], f32[16]{0}, f32[7,16]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[16]{0} get-tuple-element(%p), index=1
+  %stack = f32[7,16]{1,0} get-tuple-element(%p), index=2
+  %updated = f32[7,16]{1,0} fusion(%stack, %x, %i), kind=kLoop, calls=%fused_update, metadata={op_name="jit(f)/while/body/layers/ffn/dynamic_update_slice"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[16]{0}, f32[7,16]{1,0}) tuple(%next, %x, %updated)
+}
+
+%cond (p.1: (s32[], f32[16], f32[7,16])) -> pred[] {
+  %p.1 = (s32[], f32[16]{0}, f32[7,16]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%p.1), index=0
+  %limit = s32[] constant(7)
+  ROOT %lt = pred[] compare(%i.1, %limit), direction=LT
+}
+
+ENTRY %main (x.1: f32[16], s.1: f32[7,16]) -> f32[7,16] {
+  %x.1 = f32[16]{0} parameter(0)
+  %s.1 = f32[7,16]{1,0} parameter(1)
+  %two = s32[] constant(2)
+  %start = s32[] copy(%two)
+  %t.1 = (s32[], f32[16]{0}, f32[7,16]{1,0}) tuple(%start, %x.1, %s.1)
+  %while.1 = (s32[], f32[16]{0}, f32[7,16]{1,0}) while(%t.1), condition=%cond, body=%body
+  ROOT %out = f32[7,16]{1,0} get-tuple-element(%while.1), index=2
+}
+"""
+
+
+def test_a_loop_without_a_known_trip_count_counts_from_its_condition_and_updates_in_place():
+  ops = {op.name: op for op in hlo_costs.op_costs(_TPU_LOOP_MODULE)}
+  assert ops['updated'].count == 7 - 2 and ops['next'].count == 5  # counter from 2 while below 7
+  # The update reads the row and the index and writes the row; the [7, 16] buffer it writes into is not read.
+  assert ops['updated'].bytes == 4 * 16 + 4 + 4 * 16
+
+
 @pytest.mark.slow
 def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops():
   """One layer per side of base width for v4-8 (as tests/test_aot.py): the matmul FLOPs attributed equal the

@@ -176,7 +176,8 @@ class Analysis:
   HBM total = arguments + outputs that do not reuse a donated argument + temporaries + generated code (XLA's
   buffer assignment, the same accounting as `memory_analysis()`). `flops` and `bytes_accessed` are XLA's cost
   analysis of the per-chip program, `flops` plus those of the attention kernels that carry no cost estimate
-  (`hlo_costs.attention_kernel_flops`; XLA counts them as none). The step time is max(flops / peak,
+  (`hlo_costs.attention_kernel_flops`; XLA counts them as none); XLA counts a loop's body once, so each further
+  run of it (`model.scan_layers`, `train.grad_accum_steps`) adds its ops as `hlo_costs` costs them. The step time is max(flops / peak,
   bytes_accessed / HBM bandwidth), a lower bound that ignores communication and assumes perfect overlap, and
   `mfu_bound` the MFU it would allow.
 
@@ -274,12 +275,18 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   arguments['other'] = memory.argument_size_in_bytes - sum(arguments.values())
   text = compiled.as_text()
-  kernel_flops = sum(op.total_flops for op in hlo_costs.op_costs(text) if not op.estimated)
+  ops = hlo_costs.op_costs(text)
+  kernel_flops = sum(op.total_flops for op in ops if not op.estimated)
+  # XLA counts a loop body once (a scan over layers, gradient accumulation): its further runs from hlo_costs.
+  repeats = [op for op in ops if op.count > 1]
+  loop_flops = sum((op.count - 1) * op.flops for op in repeats if op.estimated)
+  loop_bytes = sum((op.count - 1) * op.bytes for op in repeats)
   return Analysis(
       **common, arguments=arguments, argument_bytes=memory.argument_size_in_bytes,
       output_bytes=memory.output_size_in_bytes - memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
-      code_bytes=memory.generated_code_size_in_bytes, flops=float(cost.get('flops', 0.0)) + kernel_flops,
-      bytes_accessed=float(cost.get('bytes accessed', 0.0)), collectives=parse_collectives(text),
+      code_bytes=memory.generated_code_size_in_bytes,
+      flops=float(cost.get('flops', 0.0)) + kernel_flops + loop_flops,
+      bytes_accessed=float(cost.get('bytes accessed', 0.0)) + loop_bytes, collectives=parse_collectives(text),
       compile_seconds=seconds)
 
 

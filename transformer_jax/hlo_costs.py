@@ -3,9 +3,10 @@ comes from (the Flax module path and scopes in the op's `op_name` metadata).
 
 XLA's `cost_analysis()` gives only totals, and counts a while loop's body once whatever its trip count. Here
 every top-level op (a fusion, a custom call, a collective, a copy) is costed from its shapes: bytes = what it
-reads (a fused parameter used only through slices reads only the slices) + what it writes; FLOPs = 2 per
-multiply-add of dots and convolutions plus one per element of other arithmetic and of reductions' inputs, as
-XLA's HloCostAnalysis counts them. An op inside a loop body counts `known_trip_count` times. A custom call
+reads (a fused parameter used only through slices reads only the slices) + what it writes (an in-place
+dynamic-update-slice writes only its update); FLOPs = 2 per multiply-add of dots and convolutions plus one per
+element of other arithmetic and of reductions' inputs, as XLA's HloCostAnalysis counts them. An op inside a loop
+body counts its trip count times (`known_trip_count`, or read from the loop's condition). A custom call
 (Pallas/Mosaic kernel) counts what its `cost_estimate` says. One without an estimate counts its operands and
 results as bytes, and FLOPs only when it is an attention kernel whose matmuls its shapes give
 (`ATTENTION_KERNELS`) or a GPU program's cuBLAS matmul (`library_gemm_flops`); such calls are marked
@@ -250,7 +251,8 @@ def _flops(computation: list[Instruction], computations: dict) -> tuple[float, f
 
 
 def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> float:
-  """Bytes a fusion reads: each parameter whole, or only the slices taken of it where slicing is its only use."""
+  """Bytes a fusion reads: each parameter whole, or only the slices taken of it where slicing is its only use, or
+  nothing where it is only the buffer a dynamic-update-slice writes into in place."""
   users = {}
   for i in fused:
     for operand in i.operands:
@@ -261,11 +263,23 @@ def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> float:
       continue
     whole = array_bytes(operand_types[int(i.arguments)])
     uses = users.get(i.name, [])
+    if uses and all(u.opcode == 'dynamic-update-slice' and u.operands[0] == i.name for u in uses):
+      continue
     if uses and all(u.opcode in _SLICES and u.operands[0] == i.name for u in uses):
       total += min(whole, sum(array_bytes(u.type) for u in uses))
     else:
       total += whole
   return total
+
+
+def _written(root: Instruction, by_name: dict[str, Instruction]) -> float:
+  """Bytes an op's result writes: the whole result, but only the update of a dynamic-update-slice (an in-place
+  write into its buffer), element by element through a tuple."""
+  if root.opcode == 'tuple':
+    return sum(_written(by_name[o], by_name) if o in by_name else 0.0 for o in root.operands)
+  if root.opcode == 'dynamic-update-slice' and root.operands[1] in by_name:
+    return array_bytes(by_name[root.operands[1]].type)
+  return array_bytes(root.type)
 
 
 def _borrowed_names(body: list[Instruction]) -> dict[str, str]:
@@ -290,6 +304,43 @@ def _borrowed_names(body: list[Instruction]) -> dict[str, str]:
   return borrowed
 
 
+def _constant_value(name: str, by_name: dict[str, Instruction]) -> int | None:
+  """The integer an instruction holds when it is a scalar constant, seen through copies and bitcasts."""
+  i = by_name.get(name)
+  while i is not None and i.opcode in ('copy', 'bitcast') and i.operands:
+    i = by_name.get(i.operands[0])
+  if i is None or i.opcode != 'constant':
+    return None
+  try:
+    return int(i.arguments)
+  except ValueError:
+    return None
+
+
+def _trip_count(loop: Instruction, enclosing: list[Instruction], computations: dict) -> int:
+  """How often a while loop's body runs: its backend config's `known_trip_count` (a GPU program's), else read
+  from a condition `counter < N` on a tuple element whose initial value is a constant (the TPU compiler keeps no
+  trip count, and jax's scans and fori_loops count up by one); 1 when neither says."""
+  known = _TRIP_RE.search(loop.attributes)
+  if known:
+    return int(known[1])
+  condition = computations.get(_called(loop, 'condition'), [])
+  cond_by_name = {i.name: i for i in condition}
+  root = condition[-1] if condition else None
+  if root is None or root.opcode != 'compare' or 'direction=LT' not in root.attributes or len(root.operands) != 2:
+    return 1
+  counter = cond_by_name.get(root.operands[0])
+  limit = _constant_value(root.operands[1], cond_by_name)
+  if counter is None or counter.opcode != 'get-tuple-element' or limit is None:
+    return 1
+  index = int(re.search(r'index=(\d+)', counter.attributes)[1])
+  by_name = {i.name: i for i in enclosing}
+  init = by_name.get(loop.operands[0]) if loop.operands else None
+  start = (_constant_value(init.operands[index], by_name)
+           if init is not None and init.opcode == 'tuple' and index < len(init.operands) else None)
+  return max(limit - (start or 0), 0) if start is not None else 1
+
+
 def op_costs(hlo_text: str) -> list[OpCost]:
   """Every top-level op of a compiled module with its costs (fusion bodies are costed inside their fusion)."""
   computations, entry = parse_module(hlo_text)
@@ -305,8 +356,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
         i = dataclasses.replace(i, op_name=borrowed[i.name])
         moves.add(i.name)
       if i.opcode == 'while':
-        trips = _TRIP_RE.search(i.attributes)
-        n = int(trips[1]) if trips else 1
+        n = _trip_count(i, body, computations)
         visit(_called(i, 'body'), count * n)
         visit(_called(i, 'condition'), count * (n + 1))
         continue
@@ -324,6 +374,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
       if i.opcode == 'fusion':
         fused = computations[_called(i, 'calls')]
         flops, transcendentals = _flops(fused, computations)
+        written = _written(fused[-1], {f.name: f for f in fused})  # the ROOT: the last line printed
         costs.append(OpCost(i.name, 'fusion', i.op_name,
                             _fusion_reads(fused, operand_types) + written, flops, transcendentals, count))
       elif i.opcode == 'custom-call':
