@@ -55,9 +55,14 @@ def _collectives(record: dict) -> str:
   return ', '.join(parts) or '–'
 
 
+def _percent(fraction: float | None) -> str:
+  return '–' if fraction is None else f'{100 * fraction:.0f}%'
+
+
 def table(records: list[dict]) -> str:
   header = ['model', 'slice', 'mesh (data, fsdp, tensor)', 'params + Adam', 'temporaries', 'total / HBM', 'fits',
-            'collectives per step (count, result bytes)', 'roofline step', 'bound', 'MFU ≤']
+            'collectives per step (count, result bytes)', 'roofline step', 'bound', 'MFU ≤', 'GB accessed / of it HBM',
+            'MFU ≤ by HBM traffic']
   rows = []
   for r in records:
     shape = r['mesh_shape']
@@ -66,7 +71,9 @@ def table(records: list[dict]) -> str:
                  _gib(state), _gib(r['temp_bytes']),
                  f'{_gib(r["total_bytes"])} / {r["hbm_capacity"] / aot.GiB:.0f}', 'yes' if r['fits'] else '**no**',
                  _collectives(r), '–' if r['step_seconds'] is None else f'{1e3 * r["step_seconds"]:.0f} ms',
-                 r['bound'] or '–', '–' if r['mfu_bound'] is None else f'{100 * r["mfu_bound"]:.0f}%'])
+                 r['bound'] or '–', _percent(r['mfu_bound']),
+                 '–' if r['bytes_accessed'] is None else f'{r["bytes_accessed"] / 1e9:.2f} / {r["hbm_bytes"] / 1e9:.2f}',
+                 _percent(r['hbm_mfu_bound'])])
   return common.markdown_table(header, rows)
 
 
@@ -93,7 +100,11 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       'FLOP/s, bytes accessed / HBM bandwidth) per chip from XLA\'s cost analysis (bytes accessed: what each '
       'fused kernel reads and writes) — an estimate that ignores communication time and assumes perfect overlap; '
       '*MFU ≤* the model FLOPs utilisation that step time would '
-      'give (analytic model FLOPs as in training logs, `metrics.train_flops`). Per chip (`aot.CHIPS`): '
+      'give (analytic model FLOPs as in training logs, `metrics.train_flops`). *GB accessed*: XLA\'s bytes per '
+      'chip per step, wherever each buffer lives; *of it HBM*: those of arrays the compiled program lays out in '
+      'HBM (`transformer_jax.hlo_costs`): the TPU compiler keeps the rest in on-chip memory (CMEM on v4, VMEM), '
+      'whose bandwidth the roofline does not model; *MFU ≤ by HBM traffic* is the bound from those bytes alone, '
+      'a looser one. Per chip (`aot.CHIPS`): '
       + '; '.join(f'{name} {chip.hbm_bytes / aot.GiB:.0f} GiB HBM at {chip.hbm_bandwidth / 1e12:.2f} TB/s, '
                   f'{chip.peak_flops / 1e12:.0f} TFLOP/s' for name, chip in aot.CHIPS.items()) + '.',
       '',

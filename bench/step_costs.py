@@ -51,7 +51,8 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
           'compile_seconds': seconds,
           'xla_bytes_accessed': float(cost['bytes accessed']), 'xla_flops': float(cost['flops']),
-          'bytes': sum(p.bytes for p in parts), 'flops': sum(p.flops for p in parts),
+          'bytes': sum(p.bytes for p in parts), 'hbm_bytes': sum(p.hbm_bytes for p in parts),
+          'flops': sum(p.flops for p in parts),
           'model_flops_per_chip': program.model_flops / chips,
           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
@@ -61,18 +62,18 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
 
 def table(record: dict) -> str:
   rows = [[p['name'], f'{p["bytes"] / 1e9:.2f}', f'{p["backward_bytes"] / 1e9:.2f}',
-           f'{p["borrowed_bytes"] / 1e9:.2f}', f'{100 * p["bytes"] / record["bytes"]:.0f}%',
-           f'{p["flops"] / 1e9:,.1f}', p['ops']] for p in record['parts']]
-  rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '', '100%', f'{record["flops"] / 1e9:,.1f}',
-               sum(p['ops'] for p in record['parts'])])
+           f'{p["borrowed_bytes"] / 1e9:.2f}', f'{p["hbm_bytes"] / 1e9:.2f}',
+           f'{100 * p["bytes"] / record["bytes"]:.0f}%', f'{p["flops"] / 1e9:,.1f}', p['ops']] for p in record['parts']]
+  rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '', f'{record["hbm_bytes"] / 1e9:.2f}', '100%',
+               f'{record["flops"] / 1e9:,.1f}', sum(p['ops'] for p in record['parts'])])
   rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}', '',
-               '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
-  rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '',
+               '', '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
+  rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
                f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', ''])
-  rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '',
+  rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '', '',
                f'{record["model_flops_per_chip"] / 1e9:,.1f}', ''])
-  return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'share', 'GFLOP',
-                                'ops'], rows)
+  return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'of it HBM', 'share',
+                                'GFLOP', 'ops'], rows)
 
 
 def main(argv=None):

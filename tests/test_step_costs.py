@@ -172,6 +172,34 @@ def test_a_loop_without_a_known_trip_count_counts_from_its_condition_and_updates
   assert ops['updated'].bytes == 4 * 16 + 4 + 4 * 16
 
 
+# Buffers in on-chip memory, as the TPU compiler lays them out (S(3): CMEM on v4): a fusion reading one operand
+# from HBM and one from on-chip memory into an on-chip result, which an asynchronous copy then evicts to HBM.
+_ON_CHIP_MODULE = """HloModule c, is_scheduled=true
+
+%fused_add (param_0: f32[64], param_1: f32[64]) -> f32[64] {
+  %param_0 = f32[64]{0} parameter(0)
+  %param_1 = f32[64]{0:S(3)} parameter(1)
+  ROOT %sum = f32[64]{0:S(3)} add(%param_0, %param_1)
+}
+
+ENTRY %main (a: f32[64], b: f32[64]) -> f32[64] {
+  %a = f32[64]{0} parameter(0)
+  %b = f32[64]{0:S(3)} parameter(1)
+  %added = f32[64]{0:S(3)} fusion(%a, %b), kind=kLoop, calls=%fused_add, metadata={op_name="jit(f)/ffn/add"}
+  %copy-start = (f32[64]{0}, f32[64]{0:S(3)}, u32[]{:S(2)}) copy-start(%added)
+  ROOT %copy-done = f32[64]{0} copy-done(%copy-start)
+}
+"""
+
+
+def test_bytes_in_on_chip_memory_are_not_hbm_traffic():
+  ops = {op.name: op for op in hlo_costs.op_costs(_ON_CHIP_MODULE)}
+  assert (ops['added'].bytes, ops['added'].hbm_bytes) == (3 * 4 * 64, 4 * 64)  # only `a` is read from HBM
+  assert (ops['copy-done'].bytes, ops['copy-done'].hbm_bytes) == (2 * 4 * 64, 4 * 64)  # the eviction's write
+  parts = {p.name: p for p in hlo_costs.breakdown(list(ops.values()))}
+  assert parts['FFN'].hbm_bytes == 2 * 4 * 64  # the eviction counts with the fusion it moves
+
+
 @pytest.mark.slow
 def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops():
   """One layer per side of base width for v4-8 (as tests/test_aot.py): the matmul FLOPs attributed equal the

@@ -177,7 +177,12 @@ class Analysis:
   buffer assignment, the same accounting as `memory_analysis()`). `flops` and `bytes_accessed` are XLA's cost
   analysis of the per-chip program, `flops` plus those of the attention kernels that carry no cost estimate
   (`hlo_costs.attention_kernel_flops`; XLA counts them as none); XLA counts a loop's body once, so each further
-  run of it (`model.scan_layers`, `train.grad_accum_steps`) adds its ops as `hlo_costs` costs them. The step time is max(flops / peak,
+  run of it (`model.scan_layers`, `train.grad_accum_steps`) adds its ops as `hlo_costs` costs them.
+
+  XLA's bytes count every read and write wherever the buffer lives; a TPU compiler keeps many in on-chip memory
+  (CMEM, VMEM), so `hbm_bytes` (`hlo_costs`: only those of arrays laid out in HBM) and `hbm_mfu_bound` (the MFU of
+  max(flops / peak, hbm_bytes / HBM bandwidth)) give the HBM side alone, a looser bound for want of the on-chip
+  memories' bandwidths. The step time is max(flops / peak,
   bytes_accessed / HBM bandwidth), a lower bound that ignores communication and assumes perfect overlap, and
   `mfu_bound` the MFU it would allow.
 
@@ -197,6 +202,7 @@ class Analysis:
   code_bytes: int | None
   flops: float | None
   bytes_accessed: float | None
+  hbm_bytes: float | None
   collectives: dict | None
   model_flops: float | None
   compile_seconds: float
@@ -234,12 +240,19 @@ class Analysis:
       return None
     return self.model_flops / (self.num_chips * self.peak_flops * self.step_seconds)
 
+  @property
+  def hbm_mfu_bound(self) -> float | None:
+    if self.model_flops is None or self.flops is None or self.hbm_bytes is None:
+      return None
+    seconds = max(self.compute_seconds, self.hbm_bytes / self.hbm_bandwidth)
+    return self.model_flops / (self.num_chips * self.peak_flops * seconds)
+
   def as_dict(self) -> dict:
     out = dataclasses.asdict(self)
     if self.collectives is not None:
       out['collectives'] = {k: dataclasses.asdict(v) for k, v in self.collectives.items()}
     out.update(total_bytes=self.total_bytes, fits=self.fits, step_seconds=self.step_seconds, bound=self.bound,
-               mfu_bound=self.mfu_bound)
+               mfu_bound=self.mfu_bound, hbm_mfu_bound=self.hbm_mfu_bound)
     return out
 
 
@@ -267,7 +280,7 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
     return Analysis(
         **common, arguments=dict(arguments, other=total - sum(arguments.values())), argument_bytes=total,
         output_bytes=None, temp_bytes=int(float(found[1]) * _UNITS[found[2]]), code_bytes=None, flops=None,
-        bytes_accessed=None, collectives=None, compile_seconds=time.perf_counter() - start,
+        bytes_accessed=None, hbm_bytes=None, collectives=None, compile_seconds=time.perf_counter() - start,
         compile_error=str(e).split('\n')[0])
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
@@ -286,8 +299,8 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
       output_bytes=memory.output_size_in_bytes - memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
       code_bytes=memory.generated_code_size_in_bytes,
       flops=float(cost.get('flops', 0.0)) + kernel_flops + loop_flops,
-      bytes_accessed=float(cost.get('bytes accessed', 0.0)) + loop_bytes, collectives=parse_collectives(text),
-      compile_seconds=seconds)
+      bytes_accessed=float(cost.get('bytes accessed', 0.0)) + loop_bytes,
+      hbm_bytes=sum(op.total_hbm_bytes for op in ops), collectives=parse_collectives(text), compile_seconds=seconds)
 
 
 # --- the project's train step on a topology
@@ -417,7 +430,10 @@ def summary(analysis: Analysis, config: ml_collections.ConfigDict | None = None)
                                                    for k, c in a.collectives.items() if c.count) or 'none'),
               f'{a.flops / 1e12:.2f} TFLOP and {a.bytes_accessed / 1e9:.1f} GB accessed per chip: roofline step '
               f'{1e3 * a.step_seconds:.1f} ms ({a.bound} bound)'
-              + (f', MFU at most {100 * a.mfu_bound:.0f}%' if a.mfu_bound is not None else '')]
+              + (f', MFU at most {100 * a.mfu_bound:.0f}%' if a.mfu_bound is not None else ''),
+              f'{a.hbm_bytes / 1e9:.1f} GB of them to and from HBM (the rest in on-chip memory)'
+              + (f': MFU at most {100 * a.hbm_mfu_bound:.0f}% by HBM traffic alone'
+                 if a.hbm_mfu_bound is not None else '')]
   hint = advice(a, config) if config is not None else None
   if hint:
     lines.append('advice: ' + hint)

@@ -19,21 +19,28 @@ import math
 import re
 from collections.abc import Callable
 
-_ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\]')
+_ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?')
 _ITEM_BITS = {'pred': 8, 'bf16': 16}
+_ON_CHIP_RE = re.compile(r'S\([1-9]\d*\)')  # a layout's memory space other than HBM's (0): CMEM, VMEM, SMEM
 
 
 def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
-  return [(dtype, tuple(int(d) for d in dims.split(',') if d)) for dtype, dims in _ARRAY_RE.findall(type_text)]
+  return [(dtype, tuple(int(d) for d in dims.split(',') if d)) for dtype, dims, _ in _ARRAY_RE.findall(type_text)]
+
+
+def _in_hbm(type_text: str) -> list[bool]:
+  """For each array of an HLO type, whether its layout leaves it in HBM (no on-chip memory space)."""
+  return [not _ON_CHIP_RE.search(layout) for _, _, layout in _ARRAY_RE.findall(type_text)]
 
 
 def _bits(dtype: str) -> int:
   return _ITEM_BITS.get(dtype) or int(re.sub(r'\D', '', dtype.split('e')[0]) or 8)
 
 
-def array_bytes(type_text: str) -> int:
-  """Bytes of every array in an HLO type (a tuple's elements summed); layouts are ignored."""
-  return sum(math.prod(dims) * _bits(dtype) // 8 for dtype, dims in _arrays(type_text))
+def array_bytes(type_text: str, hbm_only: bool = False) -> int:
+  """Bytes of every array in an HLO type (a tuple's elements summed), or of those its layouts leave in HBM."""
+  return sum(math.prod(dims) * _bits(dtype) // 8
+             for (dtype, dims), hbm in zip(_arrays(type_text), _in_hbm(type_text)) if hbm or not hbm_only)
 
 
 def _elements(type_text: str) -> int:
@@ -148,6 +155,7 @@ class OpCost:
   target: str = ''  # a custom call's target
   estimated: bool = True  # False: a custom call without a cost estimate (FLOPs only for ATTENTION_KERNELS, GEMMs)
   borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
+  hbm_bytes: float = 0.0  # of `bytes`, those read from or written to HBM (not an on-chip memory space)
 
   @property
   def total_bytes(self) -> float:
@@ -156,6 +164,10 @@ class OpCost:
   @property
   def total_flops(self) -> float:
     return self.flops * self.count
+
+  @property
+  def total_hbm_bytes(self) -> float:
+    return self.hbm_bytes * self.count
 
 
 # Attention kernels that carry no cost estimate (jax's splash-attention kernels, `flash_attention.py`), by the
@@ -250,9 +262,10 @@ def _flops(computation: list[Instruction], computations: dict) -> tuple[float, f
   return flops, transcendentals
 
 
-def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> float:
-  """Bytes a fusion reads: each parameter whole, or only the slices taken of it where slicing is its only use, or
-  nothing where it is only the buffer a dynamic-update-slice writes into in place."""
+def _fusion_reads(fused: list[Instruction], operand_types: list[str], hbm_only: bool = False) -> float:
+  """Bytes a fusion reads (of HBM only, or of every memory): each parameter whole, or only the slices taken of it
+  where slicing is its only use, or nothing where it is only the buffer a dynamic-update-slice writes into in
+  place."""
   users = {}
   for i in fused:
     for operand in i.operands:
@@ -261,25 +274,25 @@ def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> float:
   for i in fused:
     if i.opcode != 'parameter':
       continue
-    whole = array_bytes(operand_types[int(i.arguments)])
+    whole = array_bytes(operand_types[int(i.arguments)], hbm_only)
     uses = users.get(i.name, [])
     if uses and all(u.opcode == 'dynamic-update-slice' and u.operands[0] == i.name for u in uses):
       continue
     if uses and all(u.opcode in _SLICES and u.operands[0] == i.name for u in uses):
-      total += min(whole, sum(array_bytes(u.type) for u in uses))
+      total += min(whole, sum(array_bytes(u.type) for u in uses) if whole else 0)
     else:
       total += whole
   return total
 
 
-def _written(root: Instruction, by_name: dict[str, Instruction]) -> float:
-  """Bytes an op's result writes: the whole result, but only the update of a dynamic-update-slice (an in-place
-  write into its buffer), element by element through a tuple."""
+def _written(root: Instruction, by_name: dict[str, Instruction]) -> list[int]:
+  """Bytes a fusion writes per array of its result: the whole array, but only the update of a
+  dynamic-update-slice (an in-place write into its buffer)."""
   if root.opcode == 'tuple':
-    return sum(_written(by_name[o], by_name) if o in by_name else 0.0 for o in root.operands)
+    return [n for o in root.operands for n in (_written(by_name[o], by_name) if o in by_name else [0])]
   if root.opcode == 'dynamic-update-slice' and root.operands[1] in by_name:
-    return array_bytes(by_name[root.operands[1]].type)
-  return array_bytes(root.type)
+    return [array_bytes(by_name[root.operands[1]].type)]
+  return [array_bytes(root.type)]
 
 
 def _borrowed_names(body: list[Instruction]) -> dict[str, str]:
@@ -350,6 +363,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
     body = [dataclasses.replace(i, op_name=i.name) if i.opcode == 'custom-call' and not i.op_name
             and _attention_kernel(i.name)[0] else i for i in computations[name]]
     types = {i.name: i.type for i in body}
+    by_name = {i.name: i for i in body}
     borrowed = _borrowed_names(body)
     for i in body:
       if i.name in borrowed:
@@ -370,34 +384,44 @@ def op_costs(hlo_text: str) -> list[OpCost]:
       if i.opcode in _FREE or i.opcode.endswith('-start'):  # an asynchronous op is costed at its '-done'
         continue
       operand_types = [types.get(o, '') for o in i.operands]
-      written = array_bytes(i.type)
+      written, hbm_written = array_bytes(i.type), array_bytes(i.type, hbm_only=True)
+      moved = lambda hbm_only: sum(array_bytes(t, hbm_only) for t in operand_types)
       if i.opcode == 'fusion':
         fused = computations[_called(i, 'calls')]
         flops, transcendentals = _flops(fused, computations)
-        written = _written(fused[-1], {f.name: f for f in fused})  # the ROOT: the last line printed
-        costs.append(OpCost(i.name, 'fusion', i.op_name,
-                            _fusion_reads(fused, operand_types) + written, flops, transcendentals, count))
+        per_array = _written(fused[-1], {f.name: f for f in fused})  # the ROOT: the last line printed
+        written = sum(per_array)
+        hbm_written = sum(n for n, hbm in zip(per_array, _in_hbm(i.type)) if hbm)
+        costs.append(OpCost(i.name, 'fusion', i.op_name, _fusion_reads(fused, operand_types) + written, flops,
+                            transcendentals, count,
+                            hbm_bytes=_fusion_reads(fused, operand_types, hbm_only=True) + hbm_written))
       elif i.opcode == 'custom-call':
         estimate = _COST_RE.search(i.attributes)
         target = _TARGET_RE.search(i.attributes)
-        if estimate:
+        if estimate:  # its bytes split between HBM and on-chip memory as its operands and result are
           e = json.loads(estimate[1].replace('\\"', '"'))
-          costs.append(OpCost(i.name, i.opcode, i.op_name, float(e.get('bytes_accessed', 0)),
-                              float(e.get('flops', 0)), float(e.get('transcendentals', 0)), count,
-                              target[1] if target else ''))
+          hbm_share = (moved(True) + hbm_written) / max(moved(False) + written, 1)
+          estimated_bytes = float(e.get('bytes_accessed', 0))
+          costs.append(OpCost(i.name, i.opcode, i.op_name, estimated_bytes, float(e.get('flops', 0)),
+                              float(e.get('transcendentals', 0)), count, target[1] if target else '',
+                              hbm_bytes=estimated_bytes * hbm_share))
         else:
           target = target[1] if target else ''
           flops = (attention_kernel_flops(i.name, operand_types)
                    or library_gemm_flops(target, i.attributes, operand_types, i.type))
-          costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, flops,
-                              0.0, count, target, estimated=False))
-      elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once
-        costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count))
+          costs.append(OpCost(i.name, i.opcode, i.op_name, moved(False) + written, flops, 0.0, count, target,
+                              estimated=False, hbm_bytes=moved(True) + hbm_written))
+      elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once,
+        # read from where its start's operand is
+        start = by_name.get(i.operands[0]) if i.operands else None
+        source = types.get(start.operands[0], '') if start is not None and start.operands else i.type
+        costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count,
+                            hbm_bytes=hbm_written + (written if all(_in_hbm(source)) else 0)))
       else:
         flops, transcendentals = _flops([*(Instruction(o, t, 'parameter', (), '', '', '')
                                            for o, t in zip(i.operands, operand_types)), i], computations)
-        costs.append(OpCost(i.name, i.opcode, i.op_name, sum(map(array_bytes, operand_types)) + written, flops,
-                            transcendentals, count))
+        costs.append(OpCost(i.name, i.opcode, i.op_name, moved(False) + written, flops, transcendentals, count,
+                            hbm_bytes=moved(True) + hbm_written))
   moves = set()
   visit(entry, 1)
   return [dataclasses.replace(c, borrowed=True) if c.name in moves else c for c in costs]
@@ -457,6 +481,7 @@ class Part:
   backward_flops: float
   borrowed_bytes: float  # of ops without op_name of their own (memory moves, layout copies): see `_borrowed_names`
   ops: int
+  hbm_bytes: float  # read from or written to HBM; the rest stays in on-chip memory (a TPU's CMEM or VMEM)
 
 
 def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> list[Part]:
@@ -464,9 +489,9 @@ def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> l
   sums = {}
   for op in costs:
     name = part(op)
-    b, f, bb, bf, mb, n = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0))
+    b, f, bb, bf, mb, n, hb = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0))
     back = is_backward(op)
     sums[name] = (b + op.total_bytes, f + op.total_flops, bb + back * op.total_bytes, bf + back * op.total_flops,
-                  mb + op.borrowed * op.total_bytes, n + 1)
+                  mb + op.borrowed * op.total_bytes, n + 1, hb + op.total_hbm_bytes)
   order = {name: i for i, name in enumerate(PARTS)}
   return [Part(name, *values) for name, values in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order)))]
