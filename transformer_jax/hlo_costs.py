@@ -351,7 +351,7 @@ def _trip_count(loop: Instruction, enclosing: list[Instruction], computations: d
   init = by_name.get(loop.operands[0]) if loop.operands else None
   start = (_constant_value(init.operands[index], by_name)
            if init is not None and init.opcode == 'tuple' and index < len(init.operands) else None)
-  return max(limit - (start or 0), 0) if start is not None else 1
+  return 1 if start is None else max(limit - start, 0)
 
 
 def op_costs(hlo_text: str) -> list[OpCost]:
