@@ -5,10 +5,12 @@ minutes per compile on 2 cores; see docs/fits.md for it and the big model on eve
 """
 
 import importlib.util
+import json
 
 import jax
 import pytest
 
+from bench import fits
 from transformer_jax import aot
 from transformer_jax import cli
 from transformer_jax import config as config_lib
@@ -205,3 +207,11 @@ def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_point
   assert big.returncode == 1 and len(errors) == 1
   assert errors[0].startswith('error: train step, batch 32×64 does not fit on v5e-8: ') and 'FSDP' in errors[0]
   assert not (tmp_path / 'w').exists()
+
+
+def test_fits_cache_compiles_again_a_row_cached_before_the_analysis_gained_a_field(tmp_path):
+  row = dict(_analysis(1, 1, 1).as_dict(), model='base', topology='v5e-8', mesh='data')
+  old = {k: v for k, v in row.items() if k != 'hbm_bytes'} | {'mesh': 'fsdp'}
+  cache = tmp_path / 'fits.jsonl'
+  cache.write_text(json.dumps(row) + '\n' + json.dumps(old) + '\n')
+  assert list(fits.cached_rows(str(cache))) == [('base', 'v5e-8', 'data')]
