@@ -122,8 +122,9 @@ def test_projections_fused_for_a_gpu_count_as_attention_projections(monkeypatch)
   assert {hlo_costs.part_of(op) for op in projected} == {'attention projections'}
 
 
-# A loop as the TPU compiler prints a scan: no known_trip_count, the counter starts at a copied constant 2 and runs
-# while below 7, and the body writes one row of a stacked [7, 16] buffer in place.
+# A loop as the TPU compiler prints one: no known_trip_count, the counter starts at a copied constant 2 and runs
+# while below 7 in steps of 2 (as XLA's windowed matmuls count; a scan counts by 1), and the body writes one row
+# of a stacked [7, 16] buffer in place.
 _TPU_LOOP_MODULE = """HloModule t, is_scheduled=true
 
 %fused_update (param_0: f32[7,16], param_1: f32[16], param_2: s32[]) -> f32[7,16] {
@@ -141,8 +142,8 @@ _TPU_LOOP_MODULE = """HloModule t, is_scheduled=true
   %x = f32[16]{0} get-tuple-element(%p), index=1
   %stack = f32[7,16]{1,0} get-tuple-element(%p), index=2
   %updated = f32[7,16]{1,0} fusion(%stack, %x, %i), kind=kLoop, calls=%fused_update, metadata={op_name="jit(f)/while/body/layers/ffn/dynamic_update_slice"}
-  %one = s32[] constant(1)
-  %next = s32[] add(%i, %one)
+  %two.1 = s32[] constant(2)
+  %next = s32[] add(%two.1, %i)
   ROOT %t = (s32[], f32[16]{0}, f32[7,16]{1,0}) tuple(%next, %x, %updated)
 }
 
@@ -167,7 +168,7 @@ ENTRY %main (x.1: f32[16], s.1: f32[7,16]) -> f32[7,16] {
 
 def test_a_loop_without_a_known_trip_count_counts_from_its_condition_and_updates_in_place():
   ops = {op.name: op for op in hlo_costs.op_costs(_TPU_LOOP_MODULE)}
-  assert ops['updated'].count == 7 - 2 and ops['next'].count == 5  # counter from 2 while below 7
+  assert ops['updated'].count == ops['next'].count == 3  # the counter at 2, 4 and 6
   # The update reads the row and the index and writes the row; the [7, 16] buffer it writes into is not read.
   assert ops['updated'].bytes == 4 * 16 + 4 + 4 * 16
 

@@ -332,8 +332,8 @@ def _constant_value(name: str, by_name: dict[str, Instruction]) -> int | None:
 
 def _trip_count(loop: Instruction, enclosing: list[Instruction], computations: dict) -> int:
   """How often a while loop's body runs: its backend config's `known_trip_count` (a GPU program's), else read
-  from a condition `counter < N` on a tuple element whose initial value is a constant (the TPU compiler keeps no
-  trip count, and jax's scans and fori_loops count up by one); 1 when neither says."""
+  from the loop (the TPU compiler keeps no trip count): a condition `counter < N`, the counter's constant start,
+  and the constant its body adds each run (XLA's windowed matmuls count up by two); 1 when they do not say."""
   known = _TRIP_RE.search(loop.attributes)
   if known:
     return int(known[1])
@@ -351,7 +351,21 @@ def _trip_count(loop: Instruction, enclosing: list[Instruction], computations: d
   init = by_name.get(loop.operands[0]) if loop.operands else None
   start = (_constant_value(init.operands[index], by_name)
            if init is not None and init.opcode == 'tuple' and index < len(init.operands) else None)
-  return 1 if start is None else max(limit - start, 0)
+  body = computations.get(_called(loop, 'body'), [])
+  body_by_name = {i.name: i for i in body}
+  root = body[-1] if body else None
+  update = (body_by_name.get(root.operands[index])
+            if root is not None and root.opcode == 'tuple' and index < len(root.operands) else None)
+  step = None
+  if update is not None and update.opcode == 'add' and len(update.operands) == 2:
+    counters = [body_by_name.get(o) for o in update.operands]
+    for counted, other in ((0, 1), (1, 0)):
+      c = counters[counted]
+      if c is not None and c.opcode == 'get-tuple-element' and re.search(rf'index={index}\b', c.attributes):
+        step = _constant_value(update.operands[other], body_by_name)
+  if start is None or not step or step < 0:
+    return 1
+  return max(-(-(limit - start) // step), 0)
 
 
 def op_costs(hlo_text: str) -> list[OpCost]:
