@@ -62,8 +62,8 @@ def _percent(fraction: float | None) -> str:
 
 def table(records: list[dict]) -> str:
   header = ['model', 'slice', 'mesh (data, fsdp, tensor)', 'params + Adam', 'temporaries', 'total / HBM', 'fits',
-            'collectives per step (count, result bytes)', 'roofline step', 'bound', 'MFU ≤', 'GB accessed / of it HBM',
-            'MFU ≤ by HBM traffic']
+            'collectives per step (count, result bytes)', 'roofline step', 'bound', 'MFU ≤',
+            'GB accessed / of it HBM', 'MFU ≤ by HBM traffic']
   rows = []
   for r in records:
     shape = r['mesh_shape']
@@ -73,8 +73,8 @@ def table(records: list[dict]) -> str:
                  f'{_gib(r["total_bytes"])} / {r["hbm_capacity"] / aot.GiB:.0f}', 'yes' if r['fits'] else '**no**',
                  _collectives(r), '–' if r['step_seconds'] is None else f'{1e3 * r["step_seconds"]:.0f} ms',
                  r['bound'] or '–', _percent(r['mfu_bound']),
-                 '–' if r['bytes_accessed'] is None else f'{r["bytes_accessed"] / 1e9:.2f} / {r["hbm_bytes"] / 1e9:.2f}',
-                 _percent(r['hbm_mfu_bound'])])
+                 '–' if r['bytes_accessed'] is None
+                 else f'{r["bytes_accessed"] / 1e9:.2f} / {r["hbm_bytes"] / 1e9:.2f}', _percent(r['hbm_mfu_bound'])])
   return common.markdown_table(header, rows)
 
 
@@ -100,7 +100,8 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       'chip (AG all-gather, RS reduce-scatter, AR all-reduce). *Roofline step*: max(compiled FLOPs / peak bf16 '
       'FLOP/s, bytes accessed / HBM bandwidth) per chip from XLA\'s cost analysis (bytes accessed: what each '
       'fused kernel reads and writes; XLA counts a loop\'s body once, so the further runs of the windowed matmuls '
-      'XLA builds for FSDP on 8 and 16 chips are added as `hlo_costs` costs them) — an estimate that ignores communication time and assumes perfect overlap; '
+      'XLA builds for FSDP on 8 and 16 chips are added as `hlo_costs` costs them) — an estimate that ignores '
+      'communication time and assumes perfect overlap; '
       '*MFU ≤* the model FLOPs utilisation that step time would '
       'give (analytic model FLOPs as in training logs, `metrics.train_flops`). *GB accessed*: XLA\'s bytes per '
       'chip per step, wherever each buffer lives; *of it HBM*: those of arrays the compiled program lays out in '

@@ -177,14 +177,14 @@ class Analysis:
   buffer assignment, the same accounting as `memory_analysis()`). `flops` and `bytes_accessed` are XLA's cost
   analysis of the per-chip program, `flops` plus those of the attention kernels that carry no cost estimate
   (`hlo_costs.attention_kernel_flops`; XLA counts them as none); XLA counts a loop's body once, so each further
-  run of it (`model.scan_layers`, `train.grad_accum_steps`) adds its ops as `hlo_costs` costs them.
+  run of it (`model.scan_layers`, `train.grad_accum_steps`, XLA's windowed matmuls under FSDP) adds its ops as
+  `hlo_costs` costs them. The step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower bound that
+  ignores communication and assumes perfect overlap, and `mfu_bound` the MFU it would allow.
 
   XLA's bytes count every read and write wherever the buffer lives; a TPU compiler keeps many in on-chip memory
   (CMEM, VMEM), so `hbm_bytes` (`hlo_costs`: only those of arrays laid out in HBM) and `hbm_mfu_bound` (the MFU of
   max(flops / peak, hbm_bytes / HBM bandwidth)) give the HBM side alone, a looser bound for want of the on-chip
-  memories' bandwidths. The step time is max(flops / peak,
-  bytes_accessed / HBM bandwidth), a lower bound that ignores communication and assumes perfect overlap, and
-  `mfu_bound` the MFU it would allow.
+  memories' bandwidths.
 
   XLA refuses to compile a TPU program whose buffers exceed HBM: then `compile_error` holds its message, the
   temporaries are the figure it names, the arguments come from shapes and shardings, and the rest is None.
@@ -290,7 +290,8 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
   text = compiled.as_text()
   ops = hlo_costs.op_costs(text)
   kernel_flops = sum(op.total_flops for op in ops if not op.estimated)
-  # XLA counts a loop body once (a scan over layers, gradient accumulation): its further runs from hlo_costs.
+  # XLA counts a loop body once (a scan over layers, gradient accumulation, a windowed matmul): its further runs
+  # from hlo_costs.
   repeats = [op for op in ops if op.count > 1]
   loop_flops = sum((op.count - 1) * op.flops for op in repeats if op.estimated)
   loop_bytes = sum((op.count - 1) * op.bytes for op in repeats)
