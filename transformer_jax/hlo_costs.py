@@ -6,7 +6,7 @@ every top-level op (a fusion, a custom call, a collective, a copy) is costed fro
 reads (a fused parameter used only through slices reads only the slices) + what it writes (an in-place
 dynamic-update-slice writes only its update); FLOPs = 2 per multiply-add of dots and convolutions plus one per
 element of other arithmetic and of reductions' inputs, as XLA's HloCostAnalysis counts them. An op inside a loop
-body counts its trip count times (`known_trip_count`, or read from the loop's condition). A custom call
+body counts its trip count times (`known_trip_count`, or read from the loop's condition, start and step). A custom call
 (Pallas/Mosaic kernel) counts what its `cost_estimate` says. One without an estimate counts its operands and
 results as bytes, and FLOPs only when it is an attention kernel whose matmuls its shapes give
 (`ATTENTION_KERNELS`) or a GPU program's cuBLAS matmul (`library_gemm_flops`); such calls are marked
