@@ -28,19 +28,29 @@ def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
   return [(dtype, tuple(int(d) for d in dims.split(',') if d)) for dtype, dims, _ in _ARRAY_RE.findall(type_text)]
 
 
-def _in_hbm(type_text: str) -> list[bool]:
-  """For each array of an HLO type, whether its layout leaves it in HBM (no on-chip memory space)."""
-  return [not _ON_CHIP_RE.search(layout) for _, _, layout in _ARRAY_RE.findall(type_text)]
-
-
 def _bits(dtype: str) -> int:
   return _ITEM_BITS.get(dtype) or int(re.sub(r'\D', '', dtype.split('e')[0]) or 8)
 
 
-def array_bytes(type_text: str, hbm_only: bool = False) -> int:
-  """Bytes of every array in an HLO type (a tuple's elements summed), or of those its layouts leave in HBM."""
-  return sum(math.prod(dims) * _bits(dtype) // 8
-             for (dtype, dims), hbm in zip(_arrays(type_text), _in_hbm(type_text)) if hbm or not hbm_only)
+def _sizes(type_text: str) -> list[tuple[int, bool]]:
+  """For each array of an HLO type: its bytes, and whether its layout leaves it in HBM (no on-chip memory space)."""
+  return [(math.prod(int(d) for d in dims.split(',') if d) * _bits(dtype) // 8, not _ON_CHIP_RE.search(layout))
+          for dtype, dims, layout in _ARRAY_RE.findall(type_text)]
+
+
+def _in_hbm(type_text: str) -> list[bool]:
+  return [hbm for _, hbm in _sizes(type_text)]
+
+
+def array_bytes(type_text: str) -> int:
+  """Bytes of every array in an HLO type (a tuple's elements summed)."""
+  return sum(n for n, _ in _sizes(type_text))
+
+
+def _traffic(type_texts: list[str]) -> tuple[int, int]:
+  """(bytes, of them in HBM) of every array in a list of HLO types."""
+  sizes = [size for text in type_texts for size in _sizes(text)]
+  return sum(n for n, _ in sizes), sum(n for n, hbm in sizes if hbm)
 
 
 def _elements(type_text: str) -> int:
@@ -262,27 +272,29 @@ def _flops(computation: list[Instruction], computations: dict) -> tuple[float, f
   return flops, transcendentals
 
 
-def _fusion_reads(fused: list[Instruction], operand_types: list[str], hbm_only: bool = False) -> float:
-  """Bytes a fusion reads (of HBM only, or of every memory): each parameter whole, or only the slices taken of it
-  where slicing is its only use, or nothing where it is only the buffer a dynamic-update-slice writes into in
-  place."""
+def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> tuple[float, float]:
+  """(bytes, of them from HBM) a fusion reads: each parameter whole, or only the slices taken of it where slicing
+  is its only use, or nothing where it is only the buffer a dynamic-update-slice writes into in place."""
   users = {}
   for i in fused:
     for operand in i.operands:
       users.setdefault(operand, []).append(i)
-  total = 0.0
+  total = hbm = 0.0
   for i in fused:
     if i.opcode != 'parameter':
       continue
-    whole = array_bytes(operand_types[int(i.arguments)], hbm_only)
+    whole, hbm_whole = _traffic([operand_types[int(i.arguments)]])
     uses = users.get(i.name, [])
     if uses and all(u.opcode == 'dynamic-update-slice' and u.operands[0] == i.name for u in uses):
       continue
     if uses and all(u.opcode in _SLICES and u.operands[0] == i.name for u in uses):
-      total += min(whole, sum(array_bytes(u.type) for u in uses) if whole else 0)
+      sliced = sum(array_bytes(u.type) for u in uses)
+      total += min(whole, sliced)
+      hbm += min(hbm_whole, sliced)
     else:
       total += whole
-  return total
+      hbm += hbm_whole
+  return total, hbm
 
 
 def _written(root: Instruction, by_name: dict[str, Instruction]) -> list[int]:
@@ -330,7 +342,7 @@ def _constant_value(name: str, by_name: dict[str, Instruction]) -> int | None:
     return None
 
 
-def _trip_count(loop: Instruction, enclosing: list[Instruction], computations: dict) -> int:
+def _trip_count(loop: Instruction, by_name: dict[str, Instruction], computations: dict) -> int:
   """How often a while loop's body runs: its backend config's `known_trip_count` (a GPU program's), else read
   from the loop (the TPU compiler keeps no trip count): a condition `counter < N`, the counter's constant start,
   and the constant its body adds each run (XLA's windowed matmuls count up by two); 1 when they do not say."""
@@ -347,7 +359,6 @@ def _trip_count(loop: Instruction, enclosing: list[Instruction], computations: d
   if counter is None or counter.opcode != 'get-tuple-element' or limit is None:
     return 1
   index = int(re.search(r'index=(\d+)', counter.attributes)[1])
-  by_name = {i.name: i for i in enclosing}
   init = by_name.get(loop.operands[0]) if loop.operands else None
   start = (_constant_value(init.operands[index], by_name)
            if init is not None and init.opcode == 'tuple' and index < len(init.operands) else None)
@@ -384,7 +395,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
         i = dataclasses.replace(i, op_name=borrowed[i.name])
         moves.add(i.name)
       if i.opcode == 'while':
-        n = _trip_count(i, body, computations)
+        n = _trip_count(i, by_name, computations)
         visit(_called(i, 'body'), count * n)
         visit(_called(i, 'condition'), count * (n + 1))
         continue
@@ -398,23 +409,23 @@ def op_costs(hlo_text: str) -> list[OpCost]:
       if i.opcode in _FREE or i.opcode.endswith('-start'):  # an asynchronous op is costed at its '-done'
         continue
       operand_types = [types.get(o, '') for o in i.operands]
-      written, hbm_written = array_bytes(i.type), array_bytes(i.type, hbm_only=True)
-      moved = lambda hbm_only: sum(array_bytes(t, hbm_only) for t in operand_types)
+      written, hbm_written = _traffic([i.type])
+      read, hbm_read = _traffic(operand_types)
       if i.opcode == 'fusion':
         fused = computations[_called(i, 'calls')]
         flops, transcendentals = _flops(fused, computations)
         per_array = _written(fused[-1], {f.name: f for f in fused})  # the ROOT: the last line printed
         written = sum(per_array)
         hbm_written = sum(n for n, hbm in zip(per_array, _in_hbm(i.type)) if hbm)
-        costs.append(OpCost(i.name, 'fusion', i.op_name, _fusion_reads(fused, operand_types) + written, flops,
-                            transcendentals, count,
-                            hbm_bytes=_fusion_reads(fused, operand_types, hbm_only=True) + hbm_written))
+        read, hbm_read = _fusion_reads(fused, operand_types)
+        costs.append(OpCost(i.name, 'fusion', i.op_name, read + written, flops, transcendentals, count,
+                            hbm_bytes=hbm_read + hbm_written))
       elif i.opcode == 'custom-call':
         estimate = _COST_RE.search(i.attributes)
         target = _TARGET_RE.search(i.attributes)
         if estimate:  # its bytes split between HBM and on-chip memory as its operands and result are
           e = json.loads(estimate[1].replace('\\"', '"'))
-          hbm_share = (moved(True) + hbm_written) / max(moved(False) + written, 1)
+          hbm_share = (hbm_read + hbm_written) / max(read + written, 1)
           estimated_bytes = float(e.get('bytes_accessed', 0))
           costs.append(OpCost(i.name, i.opcode, i.op_name, estimated_bytes, float(e.get('flops', 0)),
                               float(e.get('transcendentals', 0)), count, target[1] if target else '',
@@ -423,8 +434,8 @@ def op_costs(hlo_text: str) -> list[OpCost]:
           target = target[1] if target else ''
           flops = (attention_kernel_flops(i.name, operand_types)
                    or library_gemm_flops(target, i.attributes, operand_types, i.type))
-          costs.append(OpCost(i.name, i.opcode, i.op_name, moved(False) + written, flops, 0.0, count, target,
-                              estimated=False, hbm_bytes=moved(True) + hbm_written))
+          costs.append(OpCost(i.name, i.opcode, i.op_name, read + written, flops, 0.0, count, target,
+                              estimated=False, hbm_bytes=hbm_read + hbm_written))
       elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once,
         # read from where its start's operand is
         start = by_name.get(i.operands[0]) if i.operands else None
@@ -434,8 +445,8 @@ def op_costs(hlo_text: str) -> list[OpCost]:
       else:
         flops, transcendentals = _flops([*(Instruction(o, t, 'parameter', (), '', '', '')
                                            for o, t in zip(i.operands, operand_types)), i], computations)
-        costs.append(OpCost(i.name, i.opcode, i.op_name, moved(False) + written, flops, transcendentals, count,
-                            hbm_bytes=moved(True) + hbm_written))
+        costs.append(OpCost(i.name, i.opcode, i.op_name, read + written, flops, transcendentals, count,
+                            hbm_bytes=hbm_read + hbm_written))
   moves = set()
   visit(entry, 1)
   return [dataclasses.replace(c, borrowed=True) if c.name in moves else c for c in costs]
