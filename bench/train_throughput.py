@@ -284,7 +284,7 @@ def make_runners(impls, cfg, host_batch, args, device):
 def run(args):
   """Every config: the implementations side by side (alternating rounds), a JSON line each, then one table."""
   import jax  # pylint: disable=import-outside-toplevel
-  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
+  from transformer_jax import metrics, xla_options  # pylint: disable=import-outside-toplevel
   impls = [x for x in args.impls.split(',') if x]
   if args.gpu_paper_batch and jax.default_backend() != 'gpu':
     raise SystemExit(f'--gpu_paper_batch needs a GPU; JAX runs on {jax.default_backend()!r} here')
@@ -292,7 +292,8 @@ def run(args):
   peak = metrics.peak_flops_per_device(device) if args.gpu_paper_batch else None
   info = common.machine()
   info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__,
-              xla_flags=os.environ.get('XLA_FLAGS', ''))
+              xla_flags=os.environ.get('XLA_FLAGS', ''),
+              step_xla_options=xla_options.options(jax.default_backend(), os.environ.get('XLA_FLAGS', '')))
   if any(name.startswith('torch') for name in impls):
     import torch  # pylint: disable=import-outside-toplevel
     info.update(torch=torch.__version__, torch_threads=args.threads)

@@ -19,6 +19,7 @@ from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
+from transformer_jax import xla_options
 from transformer_jax.data import pipeline
 from transformer_jax.model_config import ModelConfig
 
@@ -166,12 +167,13 @@ def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, o
 
 def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, donate: bool = True):
   """`train_step` jitted: the state keeps its shardings (and is donated), the gradients take the parameters',
-  the batch is split over data × fsdp."""
+  the batch is split over data × fsdp; compiled with the XLA options of the mesh's platform (`xla_options`)."""
   step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                            smoothing=train_config.label_smoothing, grad_accum_steps=train_config.grad_accum_steps,
                            param_shardings=state_shardings.params)
   return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
-                 out_shardings=(state_shardings, None), donate_argnums=0 if donate else ())
+                 out_shardings=(state_shardings, None), donate_argnums=0 if donate else (),
+                 compiler_options=xla_options.for_mesh(mesh))
 
 
 def jit_eval_step(smoothing: float, members_shardings, mesh):
