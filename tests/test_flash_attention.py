@@ -23,6 +23,10 @@ CASES = {
     'causal': dict(q_len=20, k_len=20, segments=False, causal=True),
     'packed_causal': dict(q_len=20, k_len=20, segments=True, causal=True),
     'packed_cross': dict(q_len=9, k_len=17, segments=True, causal=False, d_v=12),
+    # Several kernel blocks, whose gradients the TPU kernel's one backward pass accumulates across blocks:
+    # padded to 3 blocks of 128, and to 2 of 256.
+    'long_causal': dict(q_len=300, k_len=300, segments=False, causal=True),
+    'long_padding': dict(q_len=500, k_len=500, segments=False, causal=False),
 }
 
 
