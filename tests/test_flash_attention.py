@@ -23,10 +23,10 @@ CASES = {
     'causal': dict(q_len=20, k_len=20, segments=False, causal=True),
     'packed_causal': dict(q_len=20, k_len=20, segments=True, causal=True),
     'packed_cross': dict(q_len=9, k_len=17, segments=True, causal=False, d_v=12),
-    # Several kernel blocks, whose gradients the TPU kernel's one backward pass accumulates across blocks:
-    # padded to 3 blocks of 128, and to 2 of 256.
+    # The TPU kernel's block choices: keys in one block of 256 with one fused backward kernel, whose key and value
+    # gradients it accumulates over two query blocks of 256; and 3 blocks of 128 with separate backward kernels.
+    'one_key_block': dict(q_len=500, k_len=200, segments=False, causal=False),
     'long_causal': dict(q_len=300, k_len=300, segments=False, causal=True),
-    'long_padding': dict(q_len=500, k_len=500, segments=False, causal=False),
 }
 
 
@@ -51,6 +51,8 @@ def _case(name, seed=0, batch=2, heads=2, d_k=8):
     if c['segments']:
       segment = jnp.asarray(np.stack([_segments(q_len, n, (7, 5, 8)) for n in q_lens]))
     return q, k, v, attention_masks.MaskSpec.self_attention(q_valid, segment, causal=c['causal'])
+  if not c['segments']:  # cross-attention over padded rows
+    return q, k, v, attention_masks.MaskSpec(q_valid=q_valid, kv_valid=kv_valid, causal=c['causal'])
   # Packed cross-attention: row 1's third target segment has no source segment, so its queries see no key.
   q_segment = jnp.asarray(np.stack([_segments(q_len, q_lens[0], (4, 5)), _segments(q_len, q_lens[1], (2, 2, 2))]))
   kv_segment = jnp.asarray(np.stack([_segments(k_len, k_lens[0], (9, 8)), _segments(k_len, k_lens[1], (6, 6))]))

@@ -73,18 +73,25 @@ def _per_device(kernel, q, k, v, q_ids, kv_ids):
                        check_vma=False)(q, k, v, q_ids, kv_ids)
 
 
-def _splash_block(size: int) -> int:
-  """The splash kernel's block along a padded length (a multiple of 128): 256 where it divides, else 128."""
-  return 256 if size % 256 == 0 else 128
+def _splash_blocks(splash, q_size: int, k_size: int):
+  """The splash kernel's blocks for padded lengths (multiples of 128). Keys that fit one block of up to 256: one
+  fused backward kernel (the scores computed once for dq, dk and dv; its dq has one part per key block, summed
+  outside it, so one block makes that free), queries in blocks of 256 where that divides. Longer keys: blocks of
+  128 and separate dq and dk, dv kernels."""
+  if k_size <= 256:
+    block_q = 256 if q_size % 256 == 0 else 128
+    return splash.BlockSizes(block_q=block_q, block_kv=k_size, block_q_dkv=block_q, block_kv_dkv=k_size,
+                             use_fused_bwd_kernel=True)
+  return splash.BlockSizes(block_q=128, block_kv=128, block_q_dkv=128, block_kv_dkv=128, block_q_dq=128,
+                           block_kv_dq=128)
 
 
 def flash_tpu_attention(q, k, v, spec):
   """The Pallas TPU splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`).
 
   Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's static
-  mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query; its backward pass is one
-  kernel for the query, key and value gradients (the scores computed once, not once for dq and once for dk, dv).
-  With segment ids its blocks need query and key lengths in multiples of 128: both are padded here, and head dims
+  mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query; blocks and backward
+  kernels as `_splash_blocks` chooses. With segment ids its blocks need query and key lengths in multiples of 128: both are padded here, and head dims
   to max(d_k, d_v).
   Not for cached decoding (`attention.serving` sends that elsewhere).
   """
@@ -96,9 +103,7 @@ def flash_tpu_attention(q, k, v, spec):
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask  # pylint: disable=g-import-not-at-top
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size, head = _round_up(q_len, 128), _round_up(k_len, 128), max(d_k, d_v)
-  block_q, block_kv = _splash_block(q_size), _splash_block(k_size)
-  blocks = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_q_dkv=block_q, block_kv_dkv=block_kv,
-                             use_fused_bwd_kernel=True)
+  blocks = _splash_blocks(splash, q_size, k_size)
 
   def kernel(q, k, v, q_ids, kv_ids):
     heads = q.shape[2]
