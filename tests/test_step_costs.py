@@ -93,6 +93,16 @@ def test_each_op_is_costed_from_its_shapes_and_loops_count_their_trips():
   assert ops['ar'].bytes == 2 * 4 * 8 * 4
 
 
+def test_a_fused_backward_kernel_counts_its_dq_products_too():
+  operands = ['bf16[2,3,16,8]{3,2,1,0}', 'bf16[2,3,32,8]{3,2,1,0}']  # q, k
+  dk_dv = 'bf16[2,3,32,8]{3,2,1,0}, bf16[2,3,32,8]{3,2,1,0}'
+  block = 2 * (2 * 3 * 16 * 32 * 8)  # one matmul over every block
+  assert hlo_costs.attention_kernel_flops('splash_mha_dkv_segmented.1', operands, f'({dk_dv})') == 4 * block
+  # With the dq parts (one per key block, a rank-5 result) it also forms ds·k.
+  fused = f'(bf16[2,1,3,16,8]{{4,3,2,1,0}}, {dk_dv})'
+  assert hlo_costs.attention_kernel_flops('splash_mha_dkv_segmented.1', operands, fused) == 5 * block
+
+
 def test_ops_are_attributed_to_model_parts_by_their_op_names():
   parts = {p.name: p for p in hlo_costs.breakdown(hlo_costs.op_costs(_MODULE))}
   assert parts['pre-softmax layer + loss'].flops == 5 * 2 * 8 * 4 * 16

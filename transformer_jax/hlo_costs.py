@@ -184,10 +184,12 @@ class OpCost:
 # prefix of their instruction's name: FLOPs per batch row × head × query × key × head dim, 2 per multiply-add of
 # their matmuls (forward q·kᵀ and p·v; the backward's dq kernel recomputes q·kᵀ and forms do·vᵀ and ds·k, its dkv
 # kernel q·kᵀ, do·vᵀ, pᵀ·do and dsᵀ·q), every block counted, masked or not, as jax's flash kernel's forward
-# estimate counts them, and whether the kernel belongs to the backward pass. q and k are the first two rank-4
-# operands, [batch, heads, length, head dim]. The TPU compiler leaves these calls no op_name of their own: they
+# estimate counts them, and whether the kernel belongs to the backward pass. A dkv kernel that also returns dq
+# (the fused backward pass: one part per key block, a rank-5 result) forms ds·k too: `FUSED_DQ_FACTOR` more.
+# q and k are the first two rank-4 operands, [batch, heads, length, head dim]. The TPU compiler leaves these calls no op_name of their own: they
 # take their instruction's name as one, so that the memory moves around them count with them.
 ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), 'splash_mha_dkv': (8, True)}
+FUSED_DQ_FACTOR = 2
 
 
 def _attention_kernel(name: str) -> tuple[int, bool]:
@@ -195,11 +197,14 @@ def _attention_kernel(name: str) -> tuple[int, bool]:
   return next((kernel for prefix, kernel in ATTENTION_KERNELS.items() if name.startswith(prefix)), (0, False))
 
 
-def attention_kernel_flops(name: str, operand_types: list[str]) -> float:
-  """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' shapes; 0 for any other custom call."""
+def attention_kernel_flops(name: str, operand_types: list[str], result_type: str) -> float:
+  """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' and result's shapes; 0 for any other
+  custom call."""
   factor, _ = _attention_kernel(name)
   if not factor:
     return 0.0
+  if name.startswith('splash_mha_dkv') and any(len(dims) == 5 for _, dims in _arrays(result_type)):
+    factor += FUSED_DQ_FACTOR
   (batch, heads, q_len, head_dim), (_, _, k_len, _) = [
       dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
   return float(factor * batch * heads * q_len * k_len * head_dim)
@@ -432,7 +437,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
                               hbm_bytes=estimated_bytes * hbm_share))
         else:
           target = target[1] if target else ''
-          flops = (attention_kernel_flops(i.name, operand_types)
+          flops = (attention_kernel_flops(i.name, operand_types, i.type)
                    or library_gemm_flops(target, i.attributes, operand_types, i.type))
           costs.append(OpCost(i.name, i.opcode, i.op_name, read + written, flops, 0.0, count, target,
                               estimated=False, hbm_bytes=hbm_read + hbm_written))
