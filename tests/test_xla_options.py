@@ -24,4 +24,5 @@ def test_the_train_step_is_compiled_with_its_platforms_options(monkeypatch, tmp_
 
 def test_an_option_set_in_xla_flags_wins_over_the_projects():
   assert xla_options.options('gpu', '--xla_gpu_enable_triton_gemm=true') == {}
+  assert xla_options.options('gpu', '--xla_gpu_enable_triton_gemm --xla_gpu_autotune_level=2') == {}
   assert xla_options.options('gpu', '--xla_gpu_autotune_level=2') == {'xla_gpu_enable_triton_gemm': False}

@@ -6,6 +6,7 @@ batch on an H100). An option the user sets in XLA_FLAGS wins over the project's.
 """
 
 import os
+import re
 
 import jax
 
@@ -17,7 +18,8 @@ _BY_PLATFORM = {
 def options(platform: str, xla_flags: str) -> dict:
   """The options for steps compiled for `platform` ('cpu', 'gpu', 'tpu'), less any that `xla_flags` (the
   XLA_FLAGS variable's value) sets."""
-  return {name: value for name, value in _BY_PLATFORM.get(platform, {}).items() if f'--{name}=' not in xla_flags}
+  return {name: value for name, value in _BY_PLATFORM.get(platform, {}).items()
+          if not re.search(rf'--{name}(=|\s|$)', xla_flags)}
 
 
 def for_mesh(mesh: jax.sharding.Mesh) -> dict:
