@@ -91,9 +91,9 @@ def flash_tpu_attention(q, k, v, spec):
 
   Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's static
   mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query; blocks and backward
-  kernels as `_splash_blocks` chooses. With segment ids its blocks need query and key lengths in multiples of 128: both are padded here, and head dims
-  to max(d_k, d_v).
-  Not for cached decoding (`attention.serving` sends that elsewhere).
+  kernels as `_splash_blocks` chooses. With segment ids its blocks need query and key lengths in multiples of
+  128: both are padded here, and head dims to max(d_k, d_v). Not for cached decoding (`attention.serving` sends
+  that elsewhere).
   """
   platform = sharding.target_platform()
   if platform not in ('tpu', 'cpu'):

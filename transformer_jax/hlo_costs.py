@@ -186,8 +186,9 @@ class OpCost:
 # kernel q·kᵀ, do·vᵀ, pᵀ·do and dsᵀ·q), every block counted, masked or not, as jax's flash kernel's forward
 # estimate counts them, and whether the kernel belongs to the backward pass. A dkv kernel that also returns dq
 # (the fused backward pass: one part per key block, a rank-5 result) forms ds·k too: `FUSED_DQ_FACTOR` more.
-# q and k are the first two rank-4 operands, [batch, heads, length, head dim]. The TPU compiler leaves these calls no op_name of their own: they
-# take their instruction's name as one, so that the memory moves around them count with them.
+# q and k are the first two rank-4 operands, [batch, heads, length, head dim]. The TPU compiler leaves these
+# calls no op_name of their own: they take their instruction's name as one, so that the memory moves around them
+# count with them.
 ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), 'splash_mha_dkv': (8, True)}
 FUSED_DQ_FACTOR = 2
 
