@@ -28,7 +28,8 @@ LAYERS = {
         'transformer_jax.data.pipeline', 'transformer_jax.data.device_feed', 'transformer_jax.text_input'),
     6: ('transformer_jax', 'transformer_jax.data', 'transformer_jax.config', 'transformer_jax.model_config',
         'transformer_jax.sections', 'transformer_jax.tokens', 'transformer_jax.workdir', 'transformer_jax.sharding',
-        'transformer_jax.distributed', 'transformer_jax.files', 'transformer_jax.errors'),
+        'transformer_jax.distributed', 'transformer_jax.files', 'transformer_jax.errors',
+        'transformer_jax.xla_options'),
 }
 FLOOR = {module: floor for floor, modules in LAYERS.items() for module in modules}
 
