@@ -149,13 +149,17 @@ def test_advice_names_the_dominant_cost(mesh, remat, params, temps, expected):
 
 
 @pytest.mark.slow
-def test_flash_tpu_kernel_compiles_inside_the_train_step():
-  config = small_config('fsdp_tensor', attention='flash_tpu')
+@pytest.mark.parametrize('attention_dropout,kernel', [(0.0, 'splash_mha'), (0.1, 'attention_dropout')])
+def test_flash_tpu_kernel_compiles_inside_the_train_step(attention_dropout, kernel):
+  """jax's splash kernel, or with attention dropout our own (`flash_attention._flash_tpu_dropout`), compiled by
+  Mosaic for a TPU, with heads split over the tensor axis."""
+  config = small_config('fsdp_tensor', attention='flash_tpu', attention_dropout=attention_dropout)
   program = _train_step(config)
   with sharding.activate(program.mesh, program.rules):
     hlo = program.jitted.lower(*program.args).compile().as_text()
-  # 1 encoder + 2 decoder attentions, forward and backward (one fused backward kernel each): Mosaic custom calls.
-  assert hlo.count('custom_call_target="tpu_custom_call"') == 6
+  # 1 encoder + 2 decoder attentions, forward and backward (one backward kernel each): Mosaic custom calls.
+  calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+  assert len(calls) == 6 and all(kernel in line for line in calls)
 
 
 def test_topology_names():

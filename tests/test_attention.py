@@ -11,6 +11,7 @@ import pytest
 from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
+from transformer_jax import flash_attention
 from transformer_jax import model_config
 from transformer_jax import sharding
 
@@ -114,39 +115,31 @@ def test_unknown_implementation_is_an_error():
     attention.attend(q, k, v, spec, implementation='flash')
 
 
-# --- attention dropout: drawn block by block, the same weights whichever implementation computes them
+# --- attention dropout: one hash of each weight's indices, the same bits whichever implementation computes them
 
 RATE = 0.3
 
 
-def _dropped_reference(q, k, v, spec, rng, block: int, cpu_masks=False):
-  """softmax(QK^T/sqrt(d)) with its mask, times the dropout factors of `attention.dropout_scale` laid out in
-  [block × block] tiles (padded up to whole tiles), then · V: the chunked path's arithmetic, on the full matrix."""
+def _dropped_reference(q, k, v, spec, rng):
+  """softmax(QK^T/sqrt(d)) with its mask, times the factors of `attention.dropout_scale` on the full matrix, · V."""
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
   mask = attention_masks.full_mask(spec)
   weights = jax.nn.softmax(jnp.where(mask, scores, attention_masks.NEG), axis=-1) * jnp.any(mask, -1, keepdims=True)
-  b, h, lq, lk = weights.shape
-  nq, nk = -(-lq // block), -(-lk // block)
-  rows = [jnp.concatenate([attention.dropout_scale(rng, RATE, i, j, (b, h, block, block), cpu_masks)
-                           for j in range(nk)], -1) for i in range(nq)]
-  factors = jnp.concatenate(rows, axis=-2)[:, :, :lq, :lk]
+  factors = attention.dropout_scale(attention_masks.dropout_seeds(rng), RATE, 0, 0, weights.shape)
   return jnp.einsum('bhqk,bkhd->bqhd', weights * factors, v)
 
 
-@pytest.mark.parametrize('cpu_masks', [False, True])
-@pytest.mark.parametrize('chunk', [4, 64])
-def test_chunked_attention_dropout_is_the_full_matrix_dropout_block_by_block(chunk, cpu_masks):
+@pytest.mark.parametrize('implementation,chunk', [('reference', 512), ('chunked', 4), ('chunked', 64)])
+def test_attention_dropout_draws_the_full_matrix_bits_in_any_block(implementation, chunk):
   q, k, v, spec = _random_case(7, segments=True, causal=True)
   rng = jax.random.key(3)
-  dropped = lambda name, **kw: attention.attend(q, k, v, spec, implementation=name, dropout_rate=RATE,
-                                                dropout_rng=rng, **kw)
-  out = dropped('chunked', chunk_size=chunk, cpu_masks=cpu_masks)
-  expected = _dropped_reference(q, k, v, spec, rng, min(chunk, q.shape[1]), cpu_masks)
-  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
-  assert not np.allclose(out, attention.attend(q, k, v, spec, implementation='chunked', chunk_size=chunk))
-  assert not np.allclose(out, dropped('chunked', chunk_size=chunk, cpu_masks=not cpu_masks))  # the masks differ
-  if chunk >= q.shape[1]:  # one block: the reference implementation draws the same bits
-    np.testing.assert_allclose(out, dropped('reference', cpu_masks=cpu_masks), atol=2e-5, rtol=2e-5)
+  out = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk, dropout_rate=RATE,
+                         dropout_rng=rng)
+  np.testing.assert_allclose(out, _dropped_reference(q, k, v, spec, rng), atol=2e-5, rtol=2e-5)
+  assert not np.allclose(out, attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk))
+  other = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk, dropout_rate=RATE,
+                           dropout_rng=jax.random.key(4))
+  assert not np.allclose(out, other)  # another step's key, other bits
 
 
 def test_chunked_attention_dropout_gradients_follow_the_same_weights():
@@ -154,9 +147,35 @@ def test_chunked_attention_dropout_gradients_follow_the_same_weights():
   rng = jax.random.key(4)
   chunked = lambda q, k, v: jnp.sum(jnp.sin(attention.attend(q, k, v, spec, implementation='chunked', chunk_size=4,
                                                              dropout_rate=RATE, dropout_rng=rng)))
-  dense = lambda q, k, v: jnp.sum(jnp.sin(_dropped_reference(q, k, v, spec, rng, 4)))
+  dense = lambda q, k, v: jnp.sum(jnp.sin(_dropped_reference(q, k, v, spec, rng)))
   for got, want in zip(jax.grad(chunked, argnums=(0, 1, 2))(q, k, v), jax.grad(dense, argnums=(0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(got, want, atol=5e-5, rtol=5e-5)
+
+
+def test_dropout_keeps_weights_at_the_rate_independently_per_row_head_and_position():
+  keep = 1.0 - RATE
+  seeds = attention_masks.dropout_seeds(jax.random.key(5))
+  rows = attention_masks.dropout_row_keys(seeds, jnp.arange(4)[:, None, None, None], jnp.arange(8)[None, :, None, None])
+  kept = np.asarray(attention_masks.dropout_keep(rows, seeds[1], jnp.arange(256)[:, None], jnp.arange(256)[None],
+                                                 keep))  # [4, 8, 256, 256]: 2M draws
+  n = kept.size
+  assert abs(kept.mean() - keep) < 5 * np.sqrt(keep * (1 - keep) / n)  # 5 standard deviations
+  # No two rows or heads share a mask: the pairs agree as often as independent draws would.
+  flat = kept.reshape(32, -1)
+  agree = (flat[:, None] == flat[None]).mean(-1)[~np.eye(32, dtype=bool)]
+  both = keep ** 2 + (1 - keep) ** 2
+  assert np.all(np.abs(agree - both) < 5 * np.sqrt(both * (1 - both) / flat.shape[1]))
+  # Neither are neighbouring queries' or keys' draws correlated.
+  for a, b in ((kept[..., 1:, :], kept[..., :-1, :]), (kept[..., 1:], kept[..., :-1])):
+    assert abs((a == b).mean() - both) < 5 * np.sqrt(both * (1 - both) / a.size)
+
+
+def test_attention_dropout_on_longer_sequences_than_its_counter_is_an_error():
+  length = attention_masks.MAX_DROPOUT_LENGTH + 1
+  q = jnp.zeros((1, length, 1, 4))
+  spec = attention_masks.MaskSpec.self_attention(jnp.ones((1, length), bool))
+  with pytest.raises(ValueError, match='attention dropout takes sequences of up to 65536'):
+    attention.attend(q, q, q, spec, implementation='chunked', dropout_rate=RATE, dropout_rng=jax.random.key(0))
 
 
 # --- which implementation serves a call
@@ -175,6 +194,7 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
   q, k, v, spec = _random_case(9)
   self_spec = attention_masks.MaskSpec.self_attention(spec.q_valid, causal=True)
   decoding = spec.replace(q_offset=jnp.int32(3))
+  long = attention_masks.MaskSpec.self_attention(jnp.ones((1, flash_attention.DROPOUT_MAX_KEYS + 1), bool))
   serving = attention.serving
   assert serving('auto', spec, q, v, dropout=False) == 'reference'  # a CPU: today's XLA path
   assert serving('auto', spec, q, v, dropout=True) == 'reference'  # a CPU's choice has dropout
@@ -182,7 +202,8 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
     assert serving('auto', self_spec, q, v, dropout=False) == 'flash_tpu'
     assert serving('auto', spec, q, v, dropout=False) == 'flash_tpu'  # cross-attention: segment ids per side
     assert serving('auto', decoding, q, v, dropout=False) == 'reference'  # a cached prefix: no kernel's mask
-    assert serving('auto', self_spec, q, v, dropout=True) == 'chunked'  # dropout without the O(n²) weights
+    assert serving('auto', self_spec, q, v, dropout=True) == 'flash_tpu'  # its own kernel draws dropout
+    assert serving('auto', long, q, v, dropout=True) == 'chunked'  # longer keys: without the O(n²) weights
   assert serving('flash_gpu', self_spec, q, v, dropout=False) == 'flash_gpu'
   assert serving('flash_gpu', spec, q, v, dropout=False) == 'dot_product'  # one segment-id array: self only
   d_v = v[..., :4]

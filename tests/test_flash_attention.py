@@ -109,6 +109,57 @@ def test_kernel_runs_per_device_block_on_a_mesh(implementation):
   np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
 
 
+def _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng):
+  def run(q, k, v, spec):
+    attend = lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.3,
+                                              dropout_rng=rng)
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(cotangent)
+
+  return jax.jit(run)(q, k, v, spec)
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_tpu_kernel_with_dropout_matches_reference(case):
+  """flash_tpu's own kernel with attention dropout draws the reference's bits (`attention_masks.dropout_keep`)."""
+  q, k, v, spec = _case(case)
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
+  rng = jax.random.key(7)
+  expected = _dropout_output_and_grads('reference', q, k, v, spec, cotangent, rng)
+  with flash_attention.interpret_kernels():
+    run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.3,
+                                                 dropout_rng=rng)
+    assert 'attention_dropout_fwd' in str(jax.make_jaxpr(run)(q, k, v, spec))
+    out, grads = _dropout_output_and_grads('flash_tpu', q, k, v, spec, cotangent, rng)
+  assert not np.allclose(out, _output_and_grads('reference', q, k, v, spec, cotangent)[0])  # dropout did something
+  np.testing.assert_allclose(out, expected[0], atol=2e-5, rtol=2e-5)
+  for name, got, want in zip('qkv', grads, expected[1]):
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f'd{name}')
+
+
+def test_tpu_kernel_with_dropout_draws_the_same_bits_on_every_device_block():
+  """Each device's rows and heads draw the bits the whole batch has there: sharding changes no weight."""
+  q, k, v, spec = _case('packed_causal')
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
+  rng = jax.random.key(8)
+  attend = lambda *a: attention.attend(*a, implementation='flash_tpu', dropout_rate=0.3, dropout_rng=rng)
+  with flash_attention.interpret_kernels():
+    expected = attend(q, k, v, spec)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
+      assert 'shard_map' in str(jax.make_jaxpr(attend)(q, k, v, spec))
+      out = jax.jit(attend)(q, k, v, spec)
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_tpu_dropout_kernel_refuses_keys_longer_than_its_block():
+  q, k, v, spec = _case('padding')
+  long_k = jnp.zeros((2, flash_attention.DROPOUT_MAX_KEYS + 1) + k.shape[2:])
+  long_spec = spec.replace(kv_valid=jnp.ones(long_k.shape[:2], bool), shared_sides=False)
+  with pytest.raises(ValueError, match='flash_tpu draws attention dropout for up to 512 keys'):
+    flash_attention.flash_tpu_attention(q, long_k, long_k, long_spec, dropout_rate=0.3,
+                                        dropout_seeds=attention_masks.dropout_seeds(jax.random.key(0)))
+
+
 def test_cached_decoding_falls_back_to_reference():
   q, k, v, _ = _case('causal')
   spec = attention_masks.MaskSpec(q_valid=jnp.ones(q.shape[:2], bool), kv_valid=jnp.ones(k.shape[:2], bool),

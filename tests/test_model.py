@@ -11,6 +11,7 @@ import pytest
 import helpers
 from configs import table3
 from transformer_jax import attention_masks
+from transformer_jax import flash_attention
 from transformer_jax import sharding
 from transformer_jax.model import MultiHeadAttention, Transformer, shift_right, sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
@@ -246,10 +247,10 @@ def test_dropout_is_active_in_training_only():
   assert np.max(np.abs(np.asarray(a - det))) > 1e-3 and np.max(np.abs(np.asarray(a - b))) > 1e-3
 
 
-def test_attention_dropout_on_the_chunked_path_trains_as_the_reference_does():
-  """With attention dropout, 'auto' runs the chunked path on a TPU or GPU (no O(n²) weights kept) and the
-  reference on a CPU; for sentences within one chunk the chunked path draws the reference's dropout bits, so
-  training computes the same loss and gradients."""
+def test_attention_dropout_trains_alike_on_every_path_that_has_it():
+  """With attention dropout, 'auto' runs flash_tpu's kernel on a TPU, the chunked path on a GPU (no O(n²) weights
+  kept) and the reference on a CPU; all draw the same dropout bits (`attention_masks.dropout_keep`), so training
+  computes the same loss and gradients."""
   cfg = TINY.replace(attention_dropout=0.2, relu_dropout=0.1, num_encoder_layers=1, num_decoder_layers=1)
   inputs, targets = _tokens(0, (2, 6)), _tokens(1, (2, 7))
   _, params = _init(cfg, inputs, targets)
@@ -262,11 +263,15 @@ def test_attention_dropout_on_the_chunked_path_trains_as_the_reference_does():
   loss_and_grads = lambda implementation: jax.jit(jax.value_and_grad(loss(implementation)))(params)
   assert 'scan[' in str(jax.make_jaxpr(loss('chunked'))(params))  # the chunked path's scan over key blocks
   assert 'scan[' not in str(jax.make_jaxpr(loss('auto'))(params))  # on this CPU: the reference
-  chunked, reference = loss_and_grads('chunked'), loss_and_grads('reference')
-  assert abs(float(chunked[0]) - float(jax.jit(loss('chunked', rate=0.0))(params))) > 1e-3  # the dropout acts
-  np.testing.assert_allclose(chunked[0], reference[0], rtol=1e-5)
-  for got, want in zip(jax.tree.leaves(chunked[1]), jax.tree.leaves(reference[1])):
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)  # float32, as test_remat_gives_the_same_gradients
+  reference = loss_and_grads('reference')
+  with flash_attention.interpret_kernels():
+    assert 'attention_dropout_fwd' in str(jax.make_jaxpr(loss('flash_tpu'))(params))
+    flash = loss_and_grads('flash_tpu')
+  assert abs(float(reference[0]) - float(jax.jit(loss('reference', rate=0.0))(params))) > 1e-3  # the dropout acts
+  for name, got in (('chunked', loss_and_grads('chunked')), ('flash_tpu', flash)):
+    np.testing.assert_allclose(got[0], reference[0], rtol=1e-5, err_msg=name)
+    for g, want in zip(jax.tree.leaves(got[1]), jax.tree.leaves(reference[1])):
+      np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5, err_msg=name)  # float32, as test_remat_...
 
 
 @pytest.mark.parametrize('bad,match', [

@@ -11,30 +11,32 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention_masks
-from transformer_jax import cpu_backend
 from transformer_jax import flash_attention
 from transformer_jax import sharding
 from transformer_jax.attention_masks import NEG
 
 
-def dropout_scale(rng, rate: float, q_block, k_block, shape, cpu_masks: bool = False) -> jax.Array:
-  """Attention dropout's factors for one [.., q, k] block of weights: 0 (dropped) or 1 / (1 - rate), drawn from
-  `rng` folded with the block's indices, so a block's bits do not depend on how many blocks there are (the
-  full matrix is block (0, 0)); `cpu_masks`: `cpu_backend.keep_mask`'s CPU draws."""
-  block_rng = jax.random.fold_in(jax.random.fold_in(rng, q_block), k_block)
-  return cpu_backend.keep_mask(block_rng, 1.0 - rate, shape, cpu_masks).astype(jnp.float32) / (1.0 - rate)
+def dropout_scale(seeds, rate: float, q_start, k_start, shape) -> jax.Array:
+  """Attention dropout's factors for the [batch, heads, q, k] block of weights at queries q_start.., keys
+  k_start..: 0 (dropped) or 1 / (1 - rate), from `attention_masks.dropout_keep`'s hash of each weight's indices
+  and the step's `seeds`, so that any block of any implementation draws the bits the full matrix has there."""
+  batch, heads, q_len, k_len = shape
+  rows = attention_masks.dropout_row_keys(seeds, jnp.arange(batch)[:, None, None, None],
+                                          jnp.arange(heads)[None, :, None, None])
+  keep = attention_masks.dropout_keep(rows, seeds[1], q_start + jnp.arange(q_len)[:, None],
+                                      k_start + jnp.arange(k_len)[None, :], 1.0 - rate)
+  return keep.astype(jnp.float32) / (1.0 - rate)
 
 
-def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_rng=None, cpu_masks=False,
-                        return_weights=False):
+def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None, return_weights=False):
   """softmax(QK^T/sqrt(d_k))V with einsums, softmax in float32 (§3.2.1); optionally returns the weights."""
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
   scores = scores / math.sqrt(q.shape[-1])
   mask = attention_masks.full_mask(spec)
   scores = jnp.where(mask, scores, NEG)
   weights = jax.nn.softmax(scores, axis=-1) * jnp.any(mask, axis=-1, keepdims=True)
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    weights = weights * dropout_scale(dropout_rng, dropout_rate, 0, 0, weights.shape, cpu_masks)
+  if dropout_rate > 0.0 and dropout_seeds is not None:
+    weights = weights * dropout_scale(dropout_seeds, dropout_rate, 0, 0, weights.shape)
   out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
   return (out, weights) if return_weights else out
 
@@ -62,10 +64,10 @@ def _cudnn_applicable(q, spec) -> bool:
           and q.shape[-1] <= 128)
 
 
-def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropout_rng=None, cpu_masks=False):
+def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropout_seeds=None):
   """Memory-efficient attention: query blocks (rematerialised in the backward pass) × an online softmax
   over key blocks, so peak memory grows with chunk_size × length instead of length². Attention dropout is drawn
-  block by block (`dropout_scale`) and applied to the weights' numerator, as on the full matrix.
+  block by block (`dropout_scale`, the full matrix's bits) and applied to the weights' numerator.
   """
   batch, q_len, heads, _ = q.shape
   k_len = k.shape[1]
@@ -75,7 +77,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
   num_q, num_k = q.shape[1] // cq, k.shape[1] // ck
   scale = 1.0 / math.sqrt(q.shape[-1])
 
-  dropping = dropout_rate > 0.0 and dropout_rng is not None
+  dropping = dropout_rate > 0.0 and dropout_seeds is not None
 
   def query_block(q_start):
     q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, cq, axis=1)
@@ -92,7 +94,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
       correction = jnp.exp(m - m_new)
       l = l * correction + p.sum(axis=-1)
       if dropping:
-        p = p * dropout_scale(dropout_rng, dropout_rate, q_start // cq, k_start // ck, p.shape, cpu_masks)
+        p = p * dropout_scale(dropout_seeds, dropout_rate, q_start, k_start, p.shape)
       pv = jnp.einsum('bhqk,bkhd->bqhd', p.astype(v.dtype), v_blk, preferred_element_type=jnp.float32)
       acc = acc * jnp.swapaxes(correction, 1, 2)[..., None] + pv
       return (m_new, l, acc), None
@@ -132,7 +134,7 @@ IMPLEMENTATIONS = {
     'flash_tpu': flash_attention.flash_tpu_attention,
     'flash_gpu': flash_attention.flash_gpu_attention,
 }
-_DROPOUT = ('reference', 'chunked')  # the implementations with attention dropout
+_DROPOUT = ('reference', 'chunked')  # the implementations with attention dropout at any length
 _AUTO = {'tpu': 'flash_tpu', 'gpu': 'flash_gpu', 'cuda': 'flash_gpu', 'rocm': 'flash_gpu'}  # else 'reference'
 
 
@@ -142,7 +144,8 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`) — on a GPU
   cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments), else 'flash_gpu' — and 'reference'
   on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to 'reference'; attention
-  dropout to 'chunked' unless the choice has it (a CPU's 'reference' does); 'flash_gpu', which takes one
+  dropout to 'chunked' unless the choice has it (a CPU's 'reference' does; 'flash_tpu' for keys up to
+  `flash_attention.DROPOUT_MAX_KEYS`); 'flash_gpu', which takes one
   segment-id array for both sides, serves only self-attention (else 'dot_product': cuDNN for right-padded
   batches); 'dot_product' needs d_k == d_v (else 'reference').
   """
@@ -154,7 +157,8 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
     raise ValueError(f'unknown attention implementation {implementation!r}: use one of {("auto", *IMPLEMENTATIONS)}.')
   if spec.has_offset:
     return 'reference'
-  if dropout and implementation not in _DROPOUT:
+  if dropout and not (implementation in _DROPOUT or implementation == 'flash_tpu'
+                      and flash_attention.tpu_serves_dropout(spec.kv_valid.shape[1])):
     return 'chunked'
   if implementation == 'flash_gpu' and not (spec.sides_match and q.shape[1] == spec.kv_valid.shape[1]):
     implementation = 'dot_product'
@@ -164,16 +168,17 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
 
 
 def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', chunk_size=512, dropout_rate=0.0,
-           dropout_rng=None, cpu_masks=False):
+           dropout_rng=None):
   """One signature for every implementation: q [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v]; `serving`
   picks the one that runs. Dropout (`dropout_rate` > 0 with a `dropout_rng`) applies to the attention weights,
-  with `cpu_masks` (the CPU seam's, `cpu_backend.keep_mask`) its masks drawn for a CPU."""
+  with the same bits in every implementation that has it (`attention_masks.dropout_keep`)."""
   dropout = dropout_rate > 0.0 and dropout_rng is not None
   name = serving(implementation, spec, q, v, dropout)
-  if name == 'reference':
-    return reference_attention(q, k, v, spec, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-                               cpu_masks=cpu_masks)
-  if name == 'chunked':
-    return chunked_attention(q, k, v, spec, chunk_size=chunk_size, dropout_rate=dropout_rate,
-                             dropout_rng=dropout_rng, cpu_masks=cpu_masks)
-  return IMPLEMENTATIONS[name](q, k, v, spec)
+  options = {'chunk_size': chunk_size} if name == 'chunked' else {}
+  if dropout:
+    length = max(q.shape[1], k.shape[1])
+    if length > attention_masks.MAX_DROPOUT_LENGTH:
+      raise ValueError(f'attention dropout takes sequences of up to {attention_masks.MAX_DROPOUT_LENGTH} '
+                       f'positions, not {length}: shorten them or set model.attention_dropout=0.')
+    options.update(dropout_rate=dropout_rate, dropout_seeds=attention_masks.dropout_seeds(dropout_rng))
+  return IMPLEMENTATIONS[name](q, k, v, spec, **options)

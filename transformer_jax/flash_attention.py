@@ -1,15 +1,18 @@
-"""The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention) and `flash_gpu`, each
-run by `jax.shard_map` on every device's block of batch × heads of the context mesh. They serve what their
-kernels can (`attention.serving` sends the rest to the XLA implementations); `interpret_kernels` runs them on a
-CPU for tests."""
+"""The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention; with attention dropout,
+our own kernel) and `flash_gpu`, each run by `jax.shard_map` on every device's block of batch × heads of the
+context mesh. They serve what their kernels can (`attention.serving` sends the rest to the XLA implementations);
+`interpret_kernels` runs them on a CPU for tests."""
 
 import contextlib
 import contextvars
+import functools
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
@@ -62,15 +65,17 @@ def _mesh_axes(mesh, logical: str, size: int):
   return names
 
 
-def _per_device(kernel, q, k, v, q_ids, kv_ids):
-  """kernel(q, k, v, q_ids, kv_ids) on each device's block of batch × heads of the context mesh (if any)."""
+def _per_device(kernel, q, k, v, q_ids, kv_ids, *dropout):
+  """kernel(q, k, v, q_ids, kv_ids, *dropout) on each device's block of batch × heads of the context mesh (if any);
+  `dropout`: the batch rows' and heads' indices, [batch] and [heads], and attention dropout's seeds [2]."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return kernel(q, k, v, q_ids, kv_ids)
+    return kernel(q, k, v, q_ids, kv_ids, *dropout)
   batch, heads = _mesh_axes(mesh, 'batch', q.shape[0]), _mesh_axes(mesh, 'heads', q.shape[2])
   qkv, ids = P(batch, None, heads, None), P(batch, None)
-  return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, ids), out_specs=qkv,
-                       check_vma=False)(q, k, v, q_ids, kv_ids)
+  dropout_specs = (P(batch), P(heads), P()) if dropout else ()
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, ids, *dropout_specs), out_specs=qkv,
+                       check_vma=False)(q, k, v, q_ids, kv_ids, *dropout)
 
 
 def _splash_blocks(splash, q_size: int, k_size: int):
@@ -86,19 +91,22 @@ def _splash_blocks(splash, q_size: int, k_size: int):
                            block_kv_dq=128)
 
 
-def flash_tpu_attention(q, k, v, spec):
+def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   """The Pallas TPU splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`).
 
   Padding and packed segments become segment ids (padding an id of its own), and causality the kernel's static
   mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query; blocks and backward
   kernels as `_splash_blocks` chooses. With segment ids its blocks need query and key lengths in multiples of
   128: both are padded here, and head dims to max(d_k, d_v). Not for cached decoding (`attention.serving` sends
-  that elsewhere).
+  that elsewhere). With attention dropout (`dropout_seeds`, `attention_masks.dropout_seeds`): our kernel
+  (`_flash_tpu_dropout`), for keys up to DROPOUT_MAX_KEYS.
   """
   platform = sharding.target_platform()
   if platform not in ('tpu', 'cpu'):
     raise ValueError(f"model.attention='flash_tpu' is the TPU kernel; on {platform} use 'flash_gpu' or "
                      "'dot_product'.")
+  if dropout_rate > 0.0 and dropout_seeds is not None:
+    return _flash_tpu_dropout(q, k, v, spec, dropout_rate, dropout_seeds)
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask  # pylint: disable=g-import-not-at-top
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
@@ -125,6 +133,149 @@ def flash_tpu_attention(q, k, v, spec):
       _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID))
   out = out[:, :q_len, :, :d_v]
   return out * attention_masks.any_key(spec, out.dtype)
+
+
+# --- flash_tpu with attention dropout: our kernel for keys that fit one block, whose rows it softmaxes whole
+
+DROPOUT_MAX_KEYS = 512  # padded key length up to which flash_tpu serves attention dropout (else `chunked`)
+
+
+def tpu_serves_dropout(k_len: int) -> bool:
+  return _round_up(k_len, 128) <= DROPOUT_MAX_KEYS
+
+
+def _dropout_mask(ids_q, ids_k, q_pos, k_pos, causal: bool):
+  mask = ids_q == ids_k
+  return mask & (k_pos <= q_pos) if causal else mask
+
+
+def _dropout_keep(scalars_ref, q_pos, k_pos, keep: float):
+  """`attention_masks.dropout_keep` for the grid's (batch row, head); scalars: the two seeds, then the indices of
+  this device's first batch row and head."""
+  seeds = (scalars_ref[0], scalars_ref[1])
+  row = attention_masks.dropout_row_keys(seeds, scalars_ref[2] + pl.program_id(0), scalars_ref[3] + pl.program_id(1))
+  return attention_masks.dropout_keep(row, seeds[1], q_pos, k_pos, keep)
+
+
+def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, *, keep: float,
+                            causal: bool):
+  """One block of queries against all keys: softmax(q·kᵀ) ⊙ dropout, · v (q comes scaled by 1/√d_k)."""
+  qi = pl.program_id(2)
+  s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  q_pos = qi * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+  k_pos = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+  mask = _dropout_mask(q_ids_ref[...], k_ids_ref[...], q_pos, k_pos, causal)
+  s = jnp.where(mask, s, attention_masks.NEG)
+  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
+  p = p / jnp.sum(p, axis=1, keepdims=True)
+  kept = _dropout_keep(scalars_ref, q_pos, k_pos, keep)
+  p = jnp.where(kept, p * (1.0 / keep), 0.0)
+  o_ref[...] = jnp.dot(p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+
+def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, do_ref, dq_ref, dk_ref,
+                             dv_ref, dk_acc, dv_acc, *, keep: float, causal: bool):
+  """The forward block's weights recomputed whole, then dq for the block, and dk, dv summed over query blocks."""
+  qi = pl.program_id(2)
+
+  @pl.when(qi == 0)
+  def _():
+    dk_acc[...] = jnp.zeros_like(dk_acc)
+    dv_acc[...] = jnp.zeros_like(dv_acc)
+
+  q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  q_pos = qi * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+  k_pos = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+  mask = _dropout_mask(q_ids_ref[...], k_ids_ref[...], q_pos, k_pos, causal)
+  s = jnp.where(mask, s, attention_masks.NEG)
+  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
+  p = p / jnp.sum(p, axis=1, keepdims=True)
+  kept = _dropout_keep(scalars_ref, q_pos, k_pos, keep)
+  dropped = jnp.where(kept, p * (1.0 / keep), 0.0)
+  transposed_lhs = (((0,), (0,)), ((), ()))
+  dv_acc[...] += jax.lax.dot_general(dropped.astype(do.dtype), do, transposed_lhs,
+                                     preferred_element_type=jnp.float32)
+  dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  dp = jnp.where(kept, dp * (1.0 / keep), 0.0)
+  ds = p * (dp - jnp.sum(p * dp, axis=1, keepdims=True))
+  dq_ref[...] = jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
+  dk_acc[...] += jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
+
+  @pl.when(qi == pl.num_programs(2) - 1)
+  def _():
+    dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+    dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, block_q: int):
+  """q [b, h, q, d_k] (scaled), k [b, h, k, d_k], v [b, h, k, d_v] with ids [b, q, 1] and [b, 1, k] and
+  `_dropout_keep`'s scalars [4]: the kernels above as one differentiable function (`pallas_call`s in a custom VJP)."""
+  (batch, heads, q_len, d_k), (k_len, d_v) = q.shape, v.shape[2:]
+  options = dict(keep=keep, causal=causal)
+  grid = (batch, heads, q_len // block_q)
+  q_block, o_block = (pl.BlockSpec((None, None, block_q, d), lambda b, h, i, *_: (b, h, i, 0)) for d in (d_k, d_v))
+  kv_blocks = [pl.BlockSpec((None, None, k_len, d), lambda b, h, i, *_: (b, h, 0, 0)) for d in (d_k, d_v)]
+  id_blocks = [pl.BlockSpec((None, block_q, 1), lambda b, h, i, *_: (b, i, 0)),
+               pl.BlockSpec((None, 1, k_len), lambda b, h, i, *_: (b, 0, 0))]
+  params = pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel', 'arbitrary'))
+  interpret = _INTERPRET.get()
+  weights = batch * heads * q_len * k_len
+  item = q.dtype.itemsize
+  ids_bytes = 4 * (q_ids.size + k_ids.size)
+
+  def forward(q, k, v):
+    spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=[q_block, *kv_blocks, *id_blocks],
+                                        out_specs=o_block)
+    cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
+                           bytes_accessed=item * (q.size + k.size + v.size + q.size // d_k * d_v) + ids_bytes)
+    return pl.pallas_call(
+        functools.partial(_dropout_forward_kernel, **options), grid_spec=spec,
+        out_shape=jax.ShapeDtypeStruct((batch, heads, q_len, d_v), v.dtype), compiler_params=params,
+        cost_estimate=cost, interpret=interpret, name='attention_dropout_fwd')(scalars, q, k, v, q_ids, k_ids)
+
+  def backward(q, k, v, do):
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=grid, in_specs=[q_block, *kv_blocks, *id_blocks, o_block],
+        out_specs=[q_block, *kv_blocks],
+        scratch_shapes=[pltpu.VMEM((k_len, d_k), jnp.float32), pltpu.VMEM((k_len, d_v), jnp.float32)])
+    cost = pl.CostEstimate(flops=2 * weights * (3 * d_k + 2 * d_v), transcendentals=weights,
+                           bytes_accessed=2 * item * (q.size + k.size + v.size) + item * do.size + ids_bytes)
+    return pl.pallas_call(
+        functools.partial(_dropout_backward_kernel, **options), grid_spec=spec,
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)], compiler_params=params,
+        cost_estimate=cost, interpret=interpret, name='attention_dropout_bwd')(scalars, q, k, v, q_ids, k_ids, do)
+
+  attend = jax.custom_vjp(forward)
+  attend.defvjp(lambda q, k, v: (forward(q, k, v), (q, k, v)), lambda res, do: tuple(backward(*res, do)))
+  return attend(q, k, v)
+
+
+def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
+  """flash_tpu with attention dropout: our kernel, the keys in one block of up to DROPOUT_MAX_KEYS (padded to
+  128), queries in blocks of 256 (128 where that does not divide or the keys are longer than 256)."""
+  (batch, q_len, heads, d_k), k_len = q.shape, k.shape[1]
+  q_size, k_size = _round_up(q_len, 128), _round_up(k_len, 128)
+  if k_size > DROPOUT_MAX_KEYS:
+    raise ValueError(f'flash_tpu draws attention dropout for up to {DROPOUT_MAX_KEYS} keys, not {k_size}; '
+                     "attention.serving sends longer ones to 'chunked'.")
+  block_q = 256 if q_size % 256 == 0 and k_size <= 256 else 128
+  keep = 1.0 - dropout_rate
+
+  def kernel(q, k, v, q_ids, kv_ids, batch_index, head_index, seeds):
+    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
+    scaled = q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
+    scalars = jnp.concatenate([seeds, batch_index[:1], head_index[:1]])
+    out = _dropout_attention(heads_major(scaled), heads_major(k), heads_major(v), q_ids[:, :, None],
+                             kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal, block_q=block_q)
+    return heads_major(out)
+
+  out = _per_device(
+      kernel, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
+      _pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
+      _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID),
+      jnp.arange(batch, dtype=jnp.int32), jnp.arange(heads, dtype=jnp.int32), dropout_seeds)
+  return out[:, :q_len] * attention_masks.any_key(spec, out.dtype)
 
 
 def flash_gpu_attention(q, k, v, spec):

@@ -224,8 +224,7 @@ class MultiHeadAttention(nn.Module):
       self.sow('intermediates', 'attention_weights', weights)
     else:
       out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
-                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng,
-                             cpu_masks=cpu_backend.enabled(cfg.cpu_kernels))
+                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
     out = _constrain(out, qkv_names)
     out_proj = dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), use_bias=cfg.attention_bias, name='out')
     return out_proj(out)

@@ -88,10 +88,10 @@ class ModelConfig:
           "use model.attention='reference' or 'chunked'.")
     if self.positional == 'sinusoidal' and self.d_model % 2:
       raise ValueError(f'sinusoidal positions need an even model.d_model, got {self.d_model}.')
-    if self.attention_dropout > 0 and self.attention not in ('auto', 'reference', 'chunked'):
+    if self.attention_dropout > 0 and self.attention not in ('auto', 'reference', 'chunked', 'flash_tpu'):
       raise ValueError(
-          f"model.attention_dropout={self.attention_dropout} needs model.attention='auto', 'chunked' or "
-          f"'reference' (the '{self.attention}' implementation has no dropout on attention weights).")
+          f"model.attention_dropout={self.attention_dropout} needs model.attention='auto', 'chunked', 'flash_tpu' "
+          f"or 'reference' (the '{self.attention}' implementation has no dropout on attention weights).")
 
   @property
   def decoder_only(self) -> bool:
