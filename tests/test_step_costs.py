@@ -5,6 +5,7 @@ A hand-written module checks the costing rules exactly (no compile); one small m
 checks the breakdown of a real train step against XLA's totals and the analytic FLOP count.
 """
 
+import dataclasses
 import gzip
 import json
 
@@ -116,6 +117,18 @@ def test_ops_are_attributed_to_model_parts_by_their_op_names():
   # The custom call without metadata (as the compiler's memory moves) counts with the all-reduce it feeds.
   assert parts['FFN'].ops == 1 and parts['FFN'].bytes == parts['FFN'].borrowed_bytes == 2 * 4 * 8 * 4
   assert 'other (no model scope)' not in parts
+
+
+def test_a_pallas_kernels_memory_moves_count_with_the_kernel():
+  """The TPU compiler's moves of a Pallas kernel's operands borrow the kernel's op_name, as the splash kernels'
+  borrow their names: both count as the kernels' part, not as the softmax around them."""
+  scope = 'jit(train_step)/transpose(jvp(Transformer))/Transformer.encode/encoder/layer_0/self_attention_block/'
+  kernel = hlo_costs.OpCost('custom-call.3', 'custom-call', scope + 'self_attention/shard_map/'
+                            'attention_dropout_bwd/pallas_call', 100.0, 10.0, 0.0, 1, 'tpu_custom_call')
+  move = dataclasses.replace(kernel, name='slice-done.7', opcode='slice', target='', borrowed=True)
+  softmax = dataclasses.replace(kernel, name='fusion.2', opcode='fusion', op_name=scope + 'self_attention/exp')
+  assert [hlo_costs.part_of(op) for op in (kernel, move, softmax)] == [
+      'attention: kernels (custom calls)', 'attention: kernels (custom calls)', 'attention: softmax']
 
 
 def test_projections_fused_for_a_gpu_count_as_attention_projections(monkeypatch):

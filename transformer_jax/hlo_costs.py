@@ -484,7 +484,7 @@ def part_of(op: OpCost) -> str:
   if re.search(r'attention/', name):
     if any(p in name for p in _PROJECTIONS):
       return 'attention projections'
-    if op.opcode == 'custom-call' and not op.borrowed:
+    if op.opcode == 'custom-call' and not op.borrowed or name.endswith('/pallas_call'):  # a kernel, or its moves
       return 'attention: kernels (custom calls)'
     if _SCORES in name:
       return 'attention: scores'
