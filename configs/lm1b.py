@@ -32,7 +32,7 @@ def get_config(arg=None):
   config.model.vocab_size = 30_000  # also tokenizer.vocab_size
   config.model.update(d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=0, num_decoder_layers=6, norm='pre',
                       positional='sinusoidal', share_embeddings=False, dropout=0.1, attention_dropout=0.1,
-                      relu_dropout=0.1, attention='reference', dtype='bfloat16')
+                      relu_dropout=0.1, dtype='bfloat16')
   config.model.max_len = 128  # also pipeline.max_length
   config.data.update(source='tfds', tfds_name='lm1b', text_key='text')
   config.tokenizer.update(model_type='unigram', sample_size=80_000)

@@ -40,7 +40,7 @@ ARGS = presets.arg_names()
 def get_config(arg=None):
   config = config_lib.base_config()
   config.model.update(d_model=1024, d_ff=2048, num_heads=8, num_encoder_layers=4, num_decoder_layers=4,
-                      dropout=0.2, attention_dropout=0.2, attention='reference', share_embeddings=True)
+                      dropout=0.2, attention_dropout=0.2, share_embeddings=True)
   config.model.vocab_size = 16_000  # also tokenizer.vocab_size
   config.model.max_len = 512  # also pipeline.max_length, the training length filter
 
