@@ -144,38 +144,34 @@ def tpu_serves_dropout(k_len: int) -> bool:
   return _round_up(k_len, 128) <= DROPOUT_MAX_KEYS
 
 
-def _dropout_mask(ids_q, ids_k, q_pos, k_pos, causal: bool):
-  mask = ids_q == ids_k
-  return mask & (k_pos <= q_pos) if causal else mask
-
-
-def _dropout_keep(scalars_ref, q_pos, k_pos, keep: float):
-  """`attention_masks.dropout_keep` for the grid's (batch row, head); scalars: the two seeds, then the indices of
-  this device's first batch row and head."""
+def _block_weights(scalars_ref, q, k, q_ids_ref, k_ids_ref, *, keep: float, causal: bool):
+  """The grid step's block of queries against all keys: the softmax weights [block, keys] (q comes scaled by
+  1/√d_k), and where attention dropout keeps them (`attention_masks.dropout_keep` for the step's batch row and
+  head; scalars: the two seeds, then the indices of this device's first batch row and head)."""
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  q_pos = pl.program_id(2) * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+  k_pos = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+  mask = q_ids_ref[...] == k_ids_ref[...]
+  if causal:
+    mask &= k_pos <= q_pos
+  s = jnp.where(mask, s, attention_masks.NEG)
+  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
   seeds = (scalars_ref[0], scalars_ref[1])
   row = attention_masks.dropout_row_keys(seeds, scalars_ref[2] + pl.program_id(0), scalars_ref[3] + pl.program_id(1))
-  return attention_masks.dropout_keep(row, seeds[1], q_pos, k_pos, keep)
+  return p / jnp.sum(p, axis=1, keepdims=True), attention_masks.dropout_keep(row, seeds[1], q_pos, k_pos, keep)
 
 
 def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, *, keep: float,
                             causal: bool):
-  """One block of queries against all keys: softmax(q·kᵀ) ⊙ dropout, · v (q comes scaled by 1/√d_k)."""
-  qi = pl.program_id(2)
-  s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  q_pos = qi * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
-  k_pos = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-  mask = _dropout_mask(q_ids_ref[...], k_ids_ref[...], q_pos, k_pos, causal)
-  s = jnp.where(mask, s, attention_masks.NEG)
-  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
-  p = p / jnp.sum(p, axis=1, keepdims=True)
-  kept = _dropout_keep(scalars_ref, q_pos, k_pos, keep)
+  """softmax(q·kᵀ) ⊙ dropout, · v for one block of queries."""
+  p, kept = _block_weights(scalars_ref, q_ref[...], k_ref[...], q_ids_ref, k_ids_ref, keep=keep, causal=causal)
   p = jnp.where(kept, p * (1.0 / keep), 0.0)
   o_ref[...] = jnp.dot(p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
 
 
 def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, do_ref, dq_ref, dk_ref,
                              dv_ref, dk_acc, dv_acc, *, keep: float, causal: bool):
-  """The forward block's weights recomputed whole, then dq for the block, and dk, dv summed over query blocks."""
+  """The forward block's weights and bits recomputed, then dq for the block, and dk, dv summed over query blocks."""
   qi = pl.program_id(2)
 
   @pl.when(qi == 0)
@@ -184,16 +180,9 @@ def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_
     dv_acc[...] = jnp.zeros_like(dv_acc)
 
   q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  q_pos = qi * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
-  k_pos = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-  mask = _dropout_mask(q_ids_ref[...], k_ids_ref[...], q_pos, k_pos, causal)
-  s = jnp.where(mask, s, attention_masks.NEG)
-  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
-  p = p / jnp.sum(p, axis=1, keepdims=True)
-  kept = _dropout_keep(scalars_ref, q_pos, k_pos, keep)
-  dropped = jnp.where(kept, p * (1.0 / keep), 0.0)
+  p, kept = _block_weights(scalars_ref, q, k, q_ids_ref, k_ids_ref, keep=keep, causal=causal)
   transposed_lhs = (((0,), (0,)), ((), ()))
+  dropped = jnp.where(kept, p * (1.0 / keep), 0.0)
   dv_acc[...] += jax.lax.dot_general(dropped.astype(do.dtype), do, transposed_lhs,
                                      preferred_element_type=jnp.float32)
   dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -210,7 +199,7 @@ def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_
 
 def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, block_q: int):
   """q [b, h, q, d_k] (scaled), k [b, h, k, d_k], v [b, h, k, d_v] with ids [b, q, 1] and [b, 1, k] and
-  `_dropout_keep`'s scalars [4]: the kernels above as one differentiable function (`pallas_call`s in a custom VJP)."""
+  `_block_weights`' scalars [4]: the kernels above as one differentiable function (`pallas_call`s in a custom VJP)."""
   (batch, heads, q_len, d_k), (k_len, d_v) = q.shape, v.shape[2:]
   options = dict(keep=keep, causal=causal)
   grid = (batch, heads, q_len // block_q)
