@@ -40,6 +40,11 @@ def target_platform() -> str:
   return device.platform if device is not None else jax.default_backend()
 
 
+def mesh_platform(mesh: Mesh) -> str:
+  """The platform ('cpu', 'gpu', 'tpu') of `mesh`'s devices: what a step compiled for it runs on."""
+  return mesh.devices.flat[0].platform
+
+
 def mesh_and_rules(mesh_config: ml_collections.ConfigDict, devices=None) -> tuple[Mesh, tuple]:
   """The `mesh` section's mesh over all (or the given) devices, and its logical-axis rules."""
   return make_mesh(mesh_config, devices), rules_from_config(mesh_config)
@@ -62,7 +67,7 @@ def shards_optimizer(setting: str, mesh: Mesh) -> bool:
   """Whether `mesh.shard_optimizer=setting` (`sections.mesh.SHARD_OPTIMIZER`) splits the optimizer state over
   the data axis on `mesh`: 'auto' when its devices are accelerators. A CPU host's devices share one memory, where
   the split saves nothing and costs collectives and compile time."""
-  return setting == 'on' or (setting == 'auto' and mesh.devices.flat[0].platform != 'cpu')
+  return setting == 'on' or (setting == 'auto' and mesh_platform(mesh) != 'cpu')
 
 
 def optimizer_shardings(abstract_tree, mesh: Mesh, rules) -> object:

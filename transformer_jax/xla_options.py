@@ -10,6 +10,8 @@ import re
 
 import jax
 
+from transformer_jax import sharding
+
 _BY_PLATFORM = {
     'gpu': {'xla_gpu_enable_triton_gemm': False},
 }
@@ -24,4 +26,4 @@ def options(platform: str, xla_flags: str) -> dict:
 
 def for_mesh(mesh: jax.sharding.Mesh) -> dict:
   """The options for a step compiled for `mesh`'s devices, with this process's XLA_FLAGS."""
-  return options(mesh.devices.flat[0].platform, os.environ.get('XLA_FLAGS', ''))
+  return options(sharding.mesh_platform(mesh), os.environ.get('XLA_FLAGS', ''))
