@@ -65,6 +65,21 @@ def _mesh_axes(mesh, logical: str, size: int):
   return names
 
 
+def _tpu_segment_ids(spec, q_size: int, k_size: int):
+  """The TPU kernels' query and key segment ids, padding an id of its own, padded to q_size and k_size."""
+  return (_pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
+          _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID))
+
+
+def _heads_major(x):
+  return jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
+
+
+def _scaled(q, d_k: int):
+  """q · 1/√d_k (d_k before any padding of the head dim), which the TPU kernels take instead of scaled scores."""
+  return q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
+
+
 def _per_device(kernel, q, k, v, q_ids, kv_ids, *dropout):
   """kernel(q, k, v, q_ids, kv_ids, *dropout) on each device's block of batch × heads of the context mesh (if any);
   `dropout`: the batch rows' and heads' indices, [batch] and [heads], and attention dropout's seeds [2]."""
@@ -119,18 +134,15 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
     one = splash_mask.CausalMask(shape) if spec.causal else splash_mask.FullMask(shape)
     attend = splash.make_splash_mha(splash_mask.MultiHeadMask([one] * heads), block_sizes=blocks, head_shards=1,
                                     q_seq_shards=1, interpret=_INTERPRET.get())
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
-    scaled = q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
     out = jax.vmap(lambda q, k, v, qi, ki: attend(q, k, v, segment_ids=splash.SegmentIds(qi, ki)))(
-        heads_major(scaled), heads_major(k), heads_major(v), q_ids, kv_ids)
-    return heads_major(out)
+        _heads_major(_scaled(q, d_k)), _heads_major(k), _heads_major(v), q_ids, kv_ids)
+    return _heads_major(out)
 
   out = _per_device(
       kernel,
       _pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
       _pad_to(_pad_to(v, 1, k_size), 3, head),
-      _pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
-      _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID))
+      *_tpu_segment_ids(spec, q_size, k_size))
   out = out[:, :q_len, :, :d_v]
   return out * attention_masks.any_key(spec, out.dtype)
 
@@ -252,18 +264,16 @@ def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
   keep = 1.0 - dropout_rate
 
   def kernel(q, k, v, q_ids, kv_ids, batch_index, head_index, seeds):
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
-    scaled = q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
     scalars = jnp.concatenate([seeds, batch_index[:1], head_index[:1]])
-    out = _dropout_attention(heads_major(scaled), heads_major(k), heads_major(v), q_ids[:, :, None],
-                             kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal, block_q=block_q)
-    return heads_major(out)
+    out = _dropout_attention(_heads_major(_scaled(q, d_k)), _heads_major(k), _heads_major(v),
+                             q_ids[:, :, None], kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal,
+                             block_q=block_q)
+    return _heads_major(out)
 
   out = _per_device(
       kernel, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
-      _pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
-      _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID),
-      jnp.arange(batch, dtype=jnp.int32), jnp.arange(heads, dtype=jnp.int32), dropout_seeds)
+      *_tpu_segment_ids(spec, q_size, k_size), jnp.arange(batch, dtype=jnp.int32),
+      jnp.arange(heads, dtype=jnp.int32), dropout_seeds)
   return out[:, :q_len] * attention_masks.any_key(spec, out.dtype)
 
 
