@@ -101,12 +101,13 @@ class Ours:
     cfg = cfg.replace(cpu_kernels=cpu_kernels) if cpu_kernels else cfg
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-    from transformer_jax import run_builder, sharding  # pylint: disable=import-outside-toplevel
+    from transformer_jax import run_builder, sharding, xla_options  # pylint: disable=import-outside-toplevel
 
     config = config_lib.base_config()  # the paper's schedule, Adam(0.9, 0.98, 1e-9) and smoothing 0.1
     config.model.update(dataclasses.asdict(cfg))
     config.train.seed = seed
     run = run_builder.build(config, jax.devices()[:1])  # as the trainer builds it, on one device
+    self.xla_options = xla_options.for_mesh(run.mesh)  # what the step is compiled with (steps.train_step)
     self.state, self.batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
     self._context = run.activate
     start = time.perf_counter()
@@ -284,7 +285,7 @@ def make_runners(impls, cfg, host_batch, args, device):
 def run(args):
   """Every config: the implementations side by side (alternating rounds), a JSON line each, then one table."""
   import jax  # pylint: disable=import-outside-toplevel
-  from transformer_jax import metrics, xla_options  # pylint: disable=import-outside-toplevel
+  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
   impls = [x for x in args.impls.split(',') if x]
   if args.gpu_paper_batch and jax.default_backend() != 'gpu':
     raise SystemExit(f'--gpu_paper_batch needs a GPU; JAX runs on {jax.default_backend()!r} here')
@@ -292,8 +293,7 @@ def run(args):
   peak = metrics.peak_flops_per_device(device) if args.gpu_paper_batch else None
   info = common.machine()
   info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__,
-              xla_flags=os.environ.get('XLA_FLAGS', ''),
-              step_xla_options=xla_options.options(jax.default_backend(), os.environ.get('XLA_FLAGS', '')))
+              xla_flags=os.environ.get('XLA_FLAGS', ''))
   if any(name.startswith('torch') for name in impls):
     import torch  # pylint: disable=import-outside-toplevel
     info.update(torch=torch.__version__, torch_threads=args.threads)
@@ -317,7 +317,7 @@ def run(args):
     records = {}
     for r in runners:
       extra = {'compile_s': r.compile_s, 'attention': cfg.attention, 'remat': cfg.remat, 'dtype': cfg.dtype,
-               **memory[r.name]}
+               **memory[r.name], **({'xla_options': r.xla_options} if isinstance(r, Ours) else {})}
       records[r.name] = record = throughput_record(r.name, config_name, cfg, rows, source_len, target_len,
                                                    times[r.name], cpu_times[r.name], extra)
       if peak:
