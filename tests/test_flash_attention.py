@@ -12,7 +12,10 @@ import pytest
 
 from transformer_jax import attention
 from transformer_jax import attention_masks
+from transformer_jax import config as config_lib
 from transformer_jax import flash_attention
+from transformer_jax import run_builder
+from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.sections import mesh as mesh_section
@@ -220,3 +223,28 @@ def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
   np.testing.assert_allclose(got[0], expected[0], atol=1e-4, rtol=1e-4)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):
     np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize('implementation', ['flash_tpu'])
+def test_compiled_train_step_with_a_dropout_kernel_matches_reference(implementation):
+  """The trainer's way (lower, compile, call the executable) through a kernel with attention dropout: the program
+  takes the state and batch alone (nothing of the kernel's VJP becomes an input) and computes the reference's
+  loss and gradient norm, dropout bits and all."""
+  rng = np.random.default_rng(3)
+  host_batch = {'inputs': rng.integers(3, 64, (4, 24), dtype=np.int32),
+                'targets': rng.integers(3, 64, (4, 24), dtype=np.int32)}
+
+  def step_metrics(attention_impl):
+    config = config_lib.base_config()
+    config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1,
+                        num_decoder_layers=1, max_len=32, attention=attention_impl, attention_dropout=0.3)
+    run = run_builder.build(config, jax.devices()[:1])
+    state, batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
+    with run.activate():
+      _, metrics = run.train_step.lower(state, batch).compile()(state, batch)
+    return np.array([metrics['loss'], metrics['grad_norm']])
+
+  expected = step_metrics('reference')
+  with flash_attention.interpret_kernels():
+    got = step_metrics(implementation)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)

@@ -225,7 +225,7 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
   item = q.dtype.itemsize
   ids_bytes = 4 * (q_ids.size + k_ids.size)
 
-  def forward(q, k, v):
+  def forward(q, k, v, q_ids, k_ids, scalars):
     spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=[q_block, *kv_blocks, *id_blocks],
                                         out_specs=o_block)
     cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
@@ -235,7 +235,7 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
         out_shape=jax.ShapeDtypeStruct((batch, heads, q_len, d_v), v.dtype), compiler_params=params,
         cost_estimate=cost, interpret=interpret, name='attention_dropout_fwd')(scalars, q, k, v, q_ids, k_ids)
 
-  def backward(q, k, v, do):
+  def backward(q, k, v, q_ids, k_ids, scalars, do):
     spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=grid, in_specs=[q_block, *kv_blocks, *id_blocks, o_block],
         out_specs=[q_block, *kv_blocks],
@@ -247,9 +247,9 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)], compiler_params=params,
         cost_estimate=cost, interpret=interpret, name='attention_dropout_bwd')(scalars, q, k, v, q_ids, k_ids, do)
 
-  attend = jax.custom_vjp(forward)
-  attend.defvjp(lambda q, k, v: (forward(q, k, v), (q, k, v)), lambda res, do: tuple(backward(*res, do)))
-  return attend(q, k, v)
+  attend = jax.custom_vjp(forward)  # ids and scalars are arguments, not closed over: no tracer leaks from the VJP
+  attend.defvjp(lambda *args: (forward(*args), args), lambda res, do: (*backward(*res, do), None, None, None))
+  return attend(q, k, v, q_ids, k_ids, scalars)
 
 
 def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
