@@ -225,4 +225,7 @@ def test_auto_on_a_gpu_takes_cudnn_where_it_serves_and_the_triton_kernel_for_pac
   assert serving('auto', packed_self, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # cuDNN takes no segments
   assert serving('auto', packed, bf16(q), bf16(v), dropout=False) == 'dot_product'  # XLA's path, full mask
   assert serving('auto', padded_self, q, v, dropout=False) == 'flash_gpu'  # float32: no cuDNN kernel
-  assert serving('auto', padded_self, bf16(q), bf16(v), dropout=True) == 'chunked'
+  # With attention dropout, which cuDNN's kernel lacks: our Triton kernel, for self- and cross-attention alike.
+  assert serving('auto', padded_self, bf16(q), bf16(v), dropout=True) == 'flash_gpu'
+  assert serving('auto', packed, bf16(q), bf16(v), dropout=True) == 'flash_gpu'
+  assert serving('dot_product', packed, bf16(q), bf16(v), dropout=True) == 'chunked'

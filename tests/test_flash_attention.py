@@ -122,30 +122,35 @@ def _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng):
   return jax.jit(run)(q, k, v, spec)
 
 
+DROPOUT_KERNELS = {'flash_tpu': 'attention_dropout_fwd', 'flash_gpu': 'attention_dropout_gpu_fwd'}  # their names
+
+
 @pytest.mark.parametrize('case', list(CASES))
-def test_tpu_kernel_with_dropout_matches_reference(case):
-  """flash_tpu's own kernel with attention dropout draws the reference's bits (`attention_masks.dropout_keep`)."""
+@pytest.mark.parametrize('implementation', list(DROPOUT_KERNELS))
+def test_kernel_with_dropout_matches_reference(implementation, case):
+  """Our kernels with attention dropout draw the reference's bits (`attention_masks.dropout_keep`)."""
   q, k, v, spec = _case(case)
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
   rng = jax.random.key(7)
   expected = _dropout_output_and_grads('reference', q, k, v, spec, cotangent, rng)
   with flash_attention.interpret_kernels():
-    run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.3,
+    run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.3,
                                                  dropout_rng=rng)
-    assert 'attention_dropout_fwd' in str(jax.make_jaxpr(run)(q, k, v, spec))
-    out, grads = _dropout_output_and_grads('flash_tpu', q, k, v, spec, cotangent, rng)
+    assert DROPOUT_KERNELS[implementation] in str(jax.make_jaxpr(run)(q, k, v, spec))
+    out, grads = _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng)
   assert not np.allclose(out, _output_and_grads('reference', q, k, v, spec, cotangent)[0])  # dropout did something
   np.testing.assert_allclose(out, expected[0], atol=2e-5, rtol=2e-5)
   for name, got, want in zip('qkv', grads, expected[1]):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f'd{name}')
 
 
-def test_tpu_kernel_with_dropout_draws_the_same_bits_on_every_device_block():
+@pytest.mark.parametrize('implementation', list(DROPOUT_KERNELS))
+def test_kernel_with_dropout_draws_the_same_bits_on_every_device_block(implementation):
   """Each device's rows and heads draw the bits the whole batch has there: sharding changes no weight."""
   q, k, v, spec = _case('packed_causal')
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   rng = jax.random.key(8)
-  attend = lambda *a: attention.attend(*a, implementation='flash_tpu', dropout_rate=0.3, dropout_rng=rng)
+  attend = lambda *a: attention.attend(*a, implementation=implementation, dropout_rate=0.3, dropout_rng=rng)
   with flash_attention.interpret_kernels():
     expected = attend(q, k, v, spec)
     with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
@@ -225,7 +230,7 @@ def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
     np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize('implementation', ['flash_tpu'])
+@pytest.mark.parametrize('implementation', list(DROPOUT_KERNELS))
 def test_compiled_train_step_with_a_dropout_kernel_matches_reference(implementation):
   """The trainer's way (lower, compile, call the executable) through a kernel with attention dropout: the program
   takes the state and batch alone (nothing of the kernel's VJP becomes an input) and computes the reference's

@@ -1,8 +1,9 @@
 """GPU-only checks (marker `gpu`): skipped where JAX has no GPU, run on one with
 `JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_gpu.py`.
 
-The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) agrees with the reference
-implementation, and a bf16 training step (float32 params and optimizer state) follows the float32 one.
+The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) and our Triton kernels with attention
+dropout (`flash_gpu`) agree with the reference implementation, and a bf16 training step (float32 params and
+optimizer state) follows the float32 one.
 """
 
 import jax
@@ -35,6 +36,32 @@ def test_cudnn_fused_attention_agrees_with_the_reference():
     out = fused(q, k, v).astype(jnp.float32)
     rows = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(reference)[rows], atol=3e-2, rtol=3e-2)
+
+
+def test_triton_dropout_kernels_agree_with_the_reference():
+  """Compiled by Triton (no interpret mode): the reference's dropout bits, outputs and gradients, self-attention
+  (causal, packed segments) and cross-attention (padded rows, d_k != d_v)."""
+  rng = np.random.default_rng(1)
+  segments = jnp.asarray(np.repeat([[1, 2, 3, 0]], 2, axis=0).repeat([30, 40, 26, 4], axis=1))
+  packed = attention_masks.MaskSpec.self_attention(segments > 0, segments, causal=True)
+  cross = attention_masks.MaskSpec(q_valid=jnp.ones((2, 100), bool),
+                                   kv_valid=jnp.asarray(np.arange(70)[None] < np.array([[70], [33]])), causal=False)
+  for spec, k_len, d_v in ((packed, 100, 64), (cross, 70, 32)):
+    q, k = (jnp.asarray(rng.normal(size=(2, n, 4, 64)), jnp.float32) for n in (100, k_len))
+    v = jnp.asarray(rng.normal(size=(2, k_len, 4, d_v)), jnp.float32)
+    cotangent = jnp.asarray(rng.normal(size=(2, 100, 4, d_v)), jnp.float32)
+
+    def run(implementation, spec=spec):
+      attend = lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.2,
+                                                dropout_rng=jax.random.key(3))
+      out, vjp = jax.vjp(attend, q, k, v)
+      return out, *vjp(cotangent)
+
+    with jax.default_matmul_precision('highest'):
+      assert 'attention_dropout_gpu_fwd' in str(jax.make_jaxpr(lambda: run('flash_gpu'))())
+      got, want = jax.jit(lambda: run('flash_gpu'))(), jax.jit(lambda: run('reference'))()
+    for name, g, w in zip(('out', 'dq', 'dk', 'dv'), got, want):
+      np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=name)
 
 
 def test_bf16_train_step_follows_the_float32_step():

@@ -248,9 +248,9 @@ def test_dropout_is_active_in_training_only():
 
 
 def test_attention_dropout_trains_alike_on_every_path_that_has_it():
-  """With attention dropout, 'auto' runs flash_tpu's kernel on a TPU, the chunked path on a GPU (no O(n²) weights
-  kept) and the reference on a CPU; all draw the same dropout bits (`attention_masks.dropout_keep`), so training
-  computes the same loss and gradients."""
+  """With attention dropout, 'auto' runs our flash_tpu kernel on a TPU, our flash_gpu kernel on a GPU and the
+  reference on a CPU, and the chunked path serves any choice without dropout; all draw the same dropout bits
+  (`attention_masks.dropout_keep`), so training computes the same loss and gradients."""
   cfg = TINY.replace(attention_dropout=0.2, relu_dropout=0.1, num_encoder_layers=1, num_decoder_layers=1)
   inputs, targets = _tokens(0, (2, 6)), _tokens(1, (2, 7))
   _, params = _init(cfg, inputs, targets)
@@ -266,9 +266,10 @@ def test_attention_dropout_trains_alike_on_every_path_that_has_it():
   reference = loss_and_grads('reference')
   with flash_attention.interpret_kernels():
     assert 'attention_dropout_fwd' in str(jax.make_jaxpr(loss('flash_tpu'))(params))
-    flash = loss_and_grads('flash_tpu')
+    assert 'attention_dropout_gpu_fwd' in str(jax.make_jaxpr(loss('flash_gpu'))(params))
+    kernels = {name: loss_and_grads(name) for name in ('flash_tpu', 'flash_gpu')}
   assert abs(float(reference[0]) - float(jax.jit(loss('reference', rate=0.0))(params))) > 1e-3  # the dropout acts
-  for name, got in (('chunked', loss_and_grads('chunked')), ('flash_tpu', flash)):
+  for name, got in (('chunked', loss_and_grads('chunked')), *kernels.items()):
     np.testing.assert_allclose(got[0], reference[0], rtol=1e-5, err_msg=name)
     for g, want in zip(jax.tree.leaves(got[1]), jax.tree.leaves(reference[1])):
       np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5, err_msg=name)  # float32, as test_remat_...

@@ -134,7 +134,7 @@ IMPLEMENTATIONS = {
     'flash_tpu': flash_attention.flash_tpu_attention,
     'flash_gpu': flash_attention.flash_gpu_attention,
 }
-_DROPOUT = ('reference', 'chunked')  # the implementations with attention dropout at any length
+_DROPOUT = ('reference', 'chunked', 'flash_gpu')  # the implementations with attention dropout at any length
 _AUTO = {'tpu': 'flash_tpu', 'gpu': 'flash_gpu', 'cuda': 'flash_gpu', 'rocm': 'flash_gpu'}  # else 'reference'
 
 
@@ -142,16 +142,16 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   """The implementation that serves this call of `implementation` ('auto' or a name of IMPLEMENTATIONS).
 
   'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`) — on a GPU
-  cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments), else 'flash_gpu' — and 'reference'
-  on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to 'reference'; attention
-  dropout to 'chunked' unless the choice has it (a CPU's 'reference' does; 'flash_tpu' for keys up to
-  `flash_attention.DROPOUT_MAX_KEYS`); 'flash_gpu', which takes one
-  segment-id array for both sides, serves only self-attention (else 'dot_product': cuDNN for right-padded
-  batches); 'dot_product' needs d_k == d_v (else 'reference').
+  cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments, no attention dropout), else
+  'flash_gpu' — and 'reference' on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to
+  'reference'; attention dropout to 'chunked' unless the choice has it ('reference', 'flash_gpu', and
+  'flash_tpu' for keys up to `flash_attention.DROPOUT_MAX_KEYS`); 'flash_gpu' without dropout (jax's kernel,
+  which takes one segment-id array for both sides) serves only self-attention (else 'dot_product': cuDNN for
+  right-padded batches); 'dot_product' needs d_k == d_v (else 'reference').
   """
   if implementation == 'auto':
     implementation = _AUTO.get(sharding.target_platform(), 'reference')
-    if implementation == 'flash_gpu' and _cudnn_applicable(q, spec):
+    if implementation == 'flash_gpu' and not dropout and _cudnn_applicable(q, spec):
       implementation = 'dot_product'  # cuDNN's fused kernel: faster than the Triton one where it serves
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f'unknown attention implementation {implementation!r}: use one of {("auto", *IMPLEMENTATIONS)}.')
@@ -160,7 +160,8 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   if dropout and not (implementation in _DROPOUT or implementation == 'flash_tpu'
                       and flash_attention.tpu_serves_dropout(spec.kv_valid.shape[1])):
     return 'chunked'
-  if implementation == 'flash_gpu' and not (spec.sides_match and q.shape[1] == spec.kv_valid.shape[1]):
+  if implementation == 'flash_gpu' and not dropout and not (spec.sides_match
+                                                             and q.shape[1] == spec.kv_valid.shape[1]):
     implementation = 'dot_product'
   if implementation == 'dot_product' and q.shape[-1] != v.shape[-1]:
     return 'reference'

@@ -1,6 +1,6 @@
 """The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention; with attention dropout,
-our own kernel) and `flash_gpu`, each run by `jax.shard_map` on every device's block of batch × heads of the
-context mesh. They serve what their kernels can (`attention.serving` sends the rest to the XLA implementations);
+our own kernel) and `flash_gpu` (jax's Triton kernel; with attention dropout, our own kernels), each run by
+`jax.shard_map` on every device's block of batch × heads of the context mesh. They serve what their kernels can (`attention.serving` sends the rest to the XLA implementations);
 `interpret_kernels` runs them on a CPU for tests."""
 
 import contextlib
@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
@@ -65,8 +66,9 @@ def _mesh_axes(mesh, logical: str, size: int):
   return names
 
 
-def _tpu_segment_ids(spec, q_size: int, k_size: int):
-  """The TPU kernels' query and key segment ids, padding an id of its own, padded to q_size and k_size."""
+def _padded_segment_ids(spec, q_size: int, k_size: int):
+  """Query and key segment ids apart (the TPU kernels', our GPU ones'), padding an id of its own, padded to q_size
+  and k_size."""
   return (_pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
           _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID))
 
@@ -91,6 +93,17 @@ def _per_device(kernel, q, k, v, q_ids, kv_ids, *dropout):
   dropout_specs = (P(batch), P(heads), P()) if dropout else ()
   return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, ids, *dropout_specs), out_specs=qkv,
                        check_vma=False)(q, k, v, q_ids, kv_ids, *dropout)
+
+
+def _dropout_per_device(attend, q, k, v, q_ids, kv_ids, seeds):
+  """attend(q, k, v, q_ids, kv_ids, scalars) of a dropout kernel on each device's block (`_per_device`); scalars
+  [4]: attention dropout's two seeds, then the indices of the block's first batch row and head."""
+
+  def kernel(q, k, v, q_ids, kv_ids, batch_index, head_index, seeds):
+    return attend(q, k, v, q_ids, kv_ids, jnp.concatenate([seeds, batch_index[:1], head_index[:1]]))
+
+  return _per_device(kernel, q, k, v, q_ids, kv_ids, jnp.arange(q.shape[0], dtype=jnp.int32),
+                     jnp.arange(q.shape[2], dtype=jnp.int32), seeds)
 
 
 def _splash_blocks(splash, q_size: int, k_size: int):
@@ -142,7 +155,7 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
       kernel,
       _pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
       _pad_to(_pad_to(v, 1, k_size), 3, head),
-      *_tpu_segment_ids(spec, q_size, k_size))
+      *_padded_segment_ids(spec, q_size, k_size))
   out = out[:, :q_len, :, :d_v]
   return out * attention_masks.any_key(spec, out.dtype)
 
@@ -255,7 +268,7 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
 def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
   """flash_tpu with attention dropout: our kernel, the keys in one block of up to DROPOUT_MAX_KEYS (padded to
   128), queries in blocks of 256 (128 where that does not divide or the keys are longer than 256)."""
-  (batch, q_len, heads, d_k), k_len = q.shape, k.shape[1]
+  q_len, k_len, d_k = q.shape[1], k.shape[1], q.shape[-1]
   q_size, k_size = _round_up(q_len, 128), _round_up(k_len, 128)
   if k_size > DROPOUT_MAX_KEYS:
     raise ValueError(f'flash_tpu draws attention dropout for up to {DROPOUT_MAX_KEYS} keys, not {k_size}; '
@@ -263,33 +276,33 @@ def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
   block_q = 256 if q_size % 256 == 0 and k_size <= 256 else 128
   keep = 1.0 - dropout_rate
 
-  def kernel(q, k, v, q_ids, kv_ids, batch_index, head_index, seeds):
-    scalars = jnp.concatenate([seeds, batch_index[:1], head_index[:1]])
+  def attend(q, k, v, q_ids, kv_ids, scalars):
     out = _dropout_attention(_heads_major(_scaled(q, d_k)), _heads_major(k), _heads_major(v),
                              q_ids[:, :, None], kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal,
                              block_q=block_q)
     return _heads_major(out)
 
-  out = _per_device(
-      kernel, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
-      *_tpu_segment_ids(spec, q_size, k_size), jnp.arange(batch, dtype=jnp.int32),
-      jnp.arange(heads, dtype=jnp.int32), dropout_seeds)
+  out = _dropout_per_device(attend, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
+                            *_padded_segment_ids(spec, q_size, k_size), dropout_seeds)
   return out[:, :q_len] * attention_masks.any_key(spec, out.dtype)
 
 
-def flash_gpu_attention(q, k, v, spec):
+def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   """The Pallas GPU (Triton) flash-attention kernel (`jax.experimental.pallas.ops.gpu.attention.mha`).
 
   That kernel takes ONE segment-id array for queries and keys alike, so it serves self-attention whose mask
   is statically known to describe both sides the same way (`MaskSpec.sides_match`); padding becomes a segment
   id of its own there (padding queries see padding keys; their outputs are zeroed); `attention.serving` sends
   everything else elsewhere. Lengths are padded to the kernel's blocks (a power of two from 16 to 128, then
-  multiples of 128), head dims to max(d_k, d_v).
+  multiples of 128), head dims to max(d_k, d_v). With attention dropout (`dropout_seeds`): our kernels
+  (`_flash_gpu_dropout`), which take query and key segment ids apart and so serve cross-attention too.
   """
   platform = sharding.target_platform()
   if platform not in ('gpu', 'cuda', 'rocm', 'cpu'):
     raise ValueError(f"model.attention='flash_gpu' is the GPU kernel; on {platform} use 'flash_tpu' or "
                      "'dot_product'.")
+  if dropout_rate > 0.0 and dropout_seeds is not None:
+    return _flash_gpu_dropout(q, k, v, spec, dropout_rate, dropout_seeds)
   from jax.experimental.pallas.ops.gpu import attention as gpu_flash  # pylint: disable=g-import-not-at-top
   length, d_k, d_v = q.shape[1], q.shape[-1], v.shape[-1]
   size = max(16, 1 << (length - 1).bit_length()) if length <= 128 else _round_up(length, 128)
@@ -303,4 +316,196 @@ def flash_gpu_attention(q, k, v, spec):
   out = _per_device(kernel, _pad_to(_pad_to(q, 1, size), 3, head), _pad_to(_pad_to(k, 1, size), 3, head),
                     _pad_to(_pad_to(v, 1, size), 3, head), ids, ids)
   out = out[:, :length, :, :d_v]
+  return out * attention_masks.any_key(spec, out.dtype)
+
+
+# --- flash_gpu with attention dropout: our Triton kernels, an online softmax over key blocks with the hash's bits
+
+GPU_DROPOUT_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
+
+
+def _gpu_block(size: int, block: int) -> int:
+  return min(block, max(16, pl.next_power_of_2(size)))
+
+
+def _gpu_hash_keys(scalars_ref):
+  """The program's batch row and head's key for `attention_masks.dropout_keep`, and its seed (scalars as
+  `_block_weights`'); read in the kernel's body, outside its loops."""
+  seeds = (scalars_ref[0], scalars_ref[1])
+  return (attention_masks.dropout_row_keys(seeds, scalars_ref[2] + pl.program_id(1),
+                                           scalars_ref[3] + pl.program_id(2)), seeds[1])
+
+
+def _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, *, keep: float, causal: bool):
+  """One tile of scores [rows, keys] (q comes scaled by 1/√d_k), the mask, and where attention dropout keeps the
+  weights."""
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  q_pos = (q_start + jnp.arange(q.shape[0], dtype=jnp.int32))[:, None]
+  k_pos = (k_start + jnp.arange(k.shape[0], dtype=jnp.int32))[None, :]
+  mask = q_ids[:, None] == k_ids[None, :]
+  if causal:
+    mask &= k_pos <= q_pos
+  return s, mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
+
+
+def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, keep: float,
+                        causal: bool, block_k: int):
+  """Output rows for one block of queries: the softmax's running max and sum over all (undropped) weights, the
+  weighted sum over the kept ones; and each row's log-sum-exp for the backward kernels."""
+  block_q = q_ref.shape[0]
+  q_start = pl.program_id(0) * block_q
+  q, q_ids, hash_keys = q_ref[...], q_ids_ref[...], _gpu_hash_keys(scalars_ref)
+
+  def body(i, carry):
+    m, l, acc = carry
+    keys = pl.ds(i * block_k, block_k)
+    s, mask, kept = _gpu_scores(hash_keys, q, k_ref[keys, :], q_ids, k_ids_ref[keys], q_start, i * block_k,
+                                keep=keep, causal=causal)
+    m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1))
+    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+    correction = jnp.exp(m - m_new)
+    pv = jnp.dot(jnp.where(kept, p, 0.0).astype(v_ref.dtype), v_ref[keys, :], preferred_element_type=jnp.float32)
+    return m_new, l * correction + jnp.sum(p, axis=1), acc * correction[:, None] + pv
+
+  num_k = k_ref.shape[0] // block_k
+  if causal:
+    num_k = jnp.minimum(num_k, (q_start + block_q + block_k - 1) // block_k)
+  init = (jnp.full((block_q,), attention_masks.NEG, jnp.float32), jnp.zeros((block_q,), jnp.float32),
+          jnp.zeros((block_q, o_ref.shape[1]), jnp.float32))
+  m, l, acc = jax.lax.fori_loop(0, num_k, body, init)
+  seen = l > 0  # rows that may attend to no key get zeros, and a log-sum-exp that gives them no weights
+  total = jnp.where(seen, l, 1.0)
+  o_ref[...] = jnp.where(seen[:, None], acc / (keep * total)[:, None], 0.0).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(seen, m + jnp.log(total), jnp.inf)
+
+
+def _gpu_weights(hash_keys, q, k, v, do, q_ids, k_ids, lse, delta, q_start, k_start, *, keep, causal):
+  """A tile's dropped weights (for dv) and the scores' gradient (for dq and dk), recomputed from the log-sum-exp;
+  delta = rowsum(do ⊙ o)."""
+  s, mask, kept = _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, keep=keep, causal=causal)
+  p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
+  dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  dp = jnp.where(kept, dp * (1.0 / keep), 0.0)
+  return jnp.where(kept, p * (1.0 / keep), 0.0), p * (dp - delta[:, None])
+
+
+def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dq_ref, *,
+                   keep: float, causal: bool, block_k: int):
+  """dq for one block of queries, summed over key blocks."""
+  block_q = q_ref.shape[0]
+  q_start = pl.program_id(0) * block_q
+  q, do, q_ids, lse, delta = q_ref[...], do_ref[...], q_ids_ref[...], lse_ref[...], delta_ref[...]
+  hash_keys = _gpu_hash_keys(scalars_ref)
+
+  def body(i, dq):
+    keys = pl.ds(i * block_k, block_k)
+    k = k_ref[keys, :]
+    _, ds = _gpu_weights(hash_keys, q, k, v_ref[keys, :], do, q_ids, k_ids_ref[keys], lse, delta, q_start,
+                         i * block_k, keep=keep, causal=causal)
+    return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+
+  num_k = k_ref.shape[0] // block_k
+  if causal:
+    num_k = jnp.minimum(num_k, (q_start + block_q + block_k - 1) // block_k)
+  dq_ref[...] = jax.lax.fori_loop(0, num_k, body, jnp.zeros(dq_ref.shape, jnp.float32)).astype(dq_ref.dtype)
+
+
+def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dk_ref,
+                    dv_ref, *, keep: float, causal: bool, block_q: int):
+  """dk and dv for one block of keys, summed over query blocks."""
+  block_k = k_ref.shape[0]
+  k_start = pl.program_id(0) * block_k
+  k, v, k_ids, hash_keys = k_ref[...], v_ref[...], k_ids_ref[...], _gpu_hash_keys(scalars_ref)
+  transposed_lhs = (((0,), (0,)), ((), ()))
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * block_q, block_q)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    dropped, ds = _gpu_weights(hash_keys, q, k, v, do, q_ids_ref[rows], k_ids, lse_ref[rows], delta_ref[rows],
+                               i * block_q, k_start, keep=keep, causal=causal)
+    dv = dv + jax.lax.dot_general(dropped.astype(do.dtype), do, transposed_lhs, preferred_element_type=jnp.float32)
+    dk = dk + jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
+    return dk, dv
+
+  first = k_start // block_q if causal else 0  # earlier queries see none of these keys
+  dk, dv = jax.lax.fori_loop(first, q_ref.shape[0] // block_q, body,
+                             (jnp.zeros(dk_ref.shape, jnp.float32), jnp.zeros(dv_ref.shape, jnp.float32)))
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _gpu_dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool):
+  """q [b, q, h, d_k] (scaled), k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths
+  multiples of GPU_DROPOUT_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
+  differentiable function (`pallas_call`s in a custom VJP)."""
+  (batch, q_len, heads, d_k), (k_len, d_v) = q.shape, (k.shape[1], v.shape[-1])
+  options = dict(keep=keep, causal=causal)
+  params = plgpu.CompilerParams(num_warps=4 if max(d_k, d_v) <= 64 else 8, num_stages=2)
+  interpret = _INTERPRET.get()
+  weights, item = batch * heads * q_len * k_len, q.dtype.itemsize
+  whole = lambda length, d: pl.BlockSpec((None, length, None, d), lambda i, b, h: (b, 0, h, 0))
+  tile = lambda block, d: pl.BlockSpec((None, block, None, d), lambda i, b, h: (b, i, h, 0))
+  ids_tile = lambda block: pl.BlockSpec((None, block), lambda i, b, h: (b, i))
+  ids_whole = lambda length: pl.BlockSpec((None, length), lambda i, b, h: (b, 0))
+  rows_tile = lambda block: pl.BlockSpec((None, None, block), lambda i, b, h: (b, h, i))  # lse, delta [b, h, q]
+  rows_whole = lambda length: pl.BlockSpec((None, None, length), lambda i, b, h: (b, h, 0))
+  seeds = pl.BlockSpec((4,), lambda i, b, h: (0,))
+  stats = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
+  block = [_gpu_block(q_len, GPU_DROPOUT_BLOCKS[0]), _gpu_block(k_len, GPU_DROPOUT_BLOCKS[0])]
+  back = [_gpu_block(q_len, GPU_DROPOUT_BLOCKS[1]), _gpu_block(k_len, GPU_DROPOUT_BLOCKS[1])]
+
+  def forward(q, k, v, q_ids, k_ids, scalars):
+    cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
+                           bytes_accessed=item * (q.size + k.size + v.size + q.size // d_k * d_v) + 4 * stats.size)
+    return pl.pallas_call(
+        functools.partial(_gpu_forward_kernel, block_k=block[1], **options), grid=(q_len // block[0], batch, heads),
+        in_specs=[seeds, tile(block[0], d_k), whole(k_len, d_k), whole(k_len, d_v), ids_tile(block[0]),
+                  ids_whole(k_len)],
+        out_specs=[tile(block[0], d_v), rows_tile(block[0])],
+        out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, d_v), v.dtype), stats], compiler_params=params,
+        cost_estimate=cost, interpret=interpret, name='attention_dropout_gpu_fwd')(scalars, q, k, v, q_ids, k_ids)
+
+  def backward(q, k, v, q_ids, k_ids, scalars, o, lse, do):
+    delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)  # [b, h, q]
+    operands = (scalars, q, k, v, q_ids, k_ids, lse, delta, do)
+    dq = pl.pallas_call(
+        functools.partial(_gpu_dq_kernel, block_k=back[1], **options), grid=(q_len // back[0], batch, heads),
+        in_specs=[seeds, tile(back[0], d_k), whole(k_len, d_k), whole(k_len, d_v), ids_tile(back[0]),
+                  ids_whole(k_len), rows_tile(back[0]), rows_tile(back[0]), tile(back[0], d_v)],
+        out_specs=tile(back[0], d_k), out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), compiler_params=params,
+        cost_estimate=pl.CostEstimate(flops=2 * weights * (2 * d_k + d_v), transcendentals=weights,
+                                      bytes_accessed=item * (2 * q.size + k.size + v.size + do.size)),
+        interpret=interpret, name='attention_dropout_gpu_dq')(*operands)
+    dk, dv = pl.pallas_call(
+        functools.partial(_gpu_dkv_kernel, block_q=back[0], **options), grid=(k_len // back[1], batch, heads),
+        in_specs=[seeds, whole(q_len, d_k), tile(back[1], d_k), tile(back[1], d_v), ids_whole(q_len),
+                  ids_tile(back[1]), rows_whole(q_len), rows_whole(q_len), whole(q_len, d_v)],
+        out_specs=[tile(back[1], d_k), tile(back[1], d_v)],
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v)], compiler_params=params,
+        cost_estimate=pl.CostEstimate(flops=4 * weights * (d_k + d_v), transcendentals=weights,
+                                      bytes_accessed=item * (q.size + 2 * k.size + 2 * v.size + do.size)),
+        interpret=interpret, name='attention_dropout_gpu_dkv')(*operands)
+    return dq, dk, dv
+
+  def forward_with_residuals(*args):
+    o, lse = forward(*args)
+    return o, (*args, o, lse)
+
+  attend = jax.custom_vjp(lambda *args: forward(*args)[0])  # ids and scalars are arguments, as the TPU kernel's
+  attend.defvjp(forward_with_residuals, lambda res, do: (*backward(*res, do), None, None, None))
+  return attend(q, k, v, q_ids, k_ids, scalars)
+
+
+def _flash_gpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
+  """flash_gpu with attention dropout: our kernels (`_gpu_dropout_attention`), for self- and cross-attention at
+  any length; lengths padded to their blocks, head dims to powers of two (at least 16, Triton's smallest dot)."""
+  q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
+  q_size, k_size = (_round_up(n, _gpu_block(n, GPU_DROPOUT_BLOCKS[0])) for n in (q_len, k_len))
+  head_k, head_v = (max(16, pl.next_power_of_2(d)) for d in (d_k, d_v))
+  attend = functools.partial(_gpu_dropout_attention, keep=1.0 - dropout_rate, causal=spec.causal)
+  out = _dropout_per_device(
+      attend, _pad_to(_pad_to(_scaled(q, d_k), 1, q_size), 3, head_k), _pad_to(_pad_to(k, 1, k_size), 3, head_k),
+      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size), dropout_seeds)
+  out = out[:, :q_len, :, :d_v]
   return out * attention_masks.any_key(spec, out.dtype)

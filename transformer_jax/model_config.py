@@ -88,10 +88,10 @@ class ModelConfig:
           "use model.attention='reference' or 'chunked'.")
     if self.positional == 'sinusoidal' and self.d_model % 2:
       raise ValueError(f'sinusoidal positions need an even model.d_model, got {self.d_model}.')
-    if self.attention_dropout > 0 and self.attention not in ('auto', 'reference', 'chunked', 'flash_tpu'):
+    if self.attention_dropout > 0 and self.attention == 'dot_product':
       raise ValueError(
-          f"model.attention_dropout={self.attention_dropout} needs model.attention='auto', 'chunked', 'flash_tpu' "
-          f"or 'reference' (the '{self.attention}' implementation has no dropout on attention weights).")
+          f"model.attention_dropout={self.attention_dropout} needs dropout on attention weights, which "
+          "'dot_product' (cuDNN's kernel) has not: use model.attention='auto' or another implementation.")
 
   @property
   def decoder_only(self) -> bool:
