@@ -205,9 +205,9 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
     assert serving('auto', self_spec, q, v, dropout=True) == 'flash_tpu'  # its own kernel draws dropout
     assert serving('auto', long, q, v, dropout=True) == 'chunked'  # longer keys: without the O(n²) weights
   assert serving('flash_gpu', self_spec, q, v, dropout=False) == 'flash_gpu'
-  assert serving('flash_gpu', spec, q, v, dropout=False) == 'dot_product'  # one segment-id array: self only
+  assert serving('flash_gpu', spec, q, v, dropout=False) == 'flash_gpu'  # cross-attention: our Triton kernels
   d_v = v[..., :4]
-  assert serving('flash_gpu', spec, q, d_v, dropout=False) == 'reference'  # and dot_product needs d_k == d_v
+  assert serving('dot_product', spec, q, d_v, dropout=False) == 'reference'  # dot_product needs d_k == d_v
   assert serving('dot_product', spec, q, v, dropout=True) == 'chunked'  # dropout where the choice has none
   assert serving('chunked', decoding, q, v, dropout=False) == 'reference'
 
@@ -223,7 +223,7 @@ def test_auto_on_a_gpu_takes_cudnn_where_it_serves_and_the_triton_kernel_for_pac
   assert serving('auto', padded_self, bf16(q), bf16(v), dropout=False) == 'dot_product'
   assert serving('auto', padded, bf16(q), bf16(v), dropout=False) == 'dot_product'  # cross-attention too
   assert serving('auto', packed_self, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # cuDNN takes no segments
-  assert serving('auto', packed, bf16(q), bf16(v), dropout=False) == 'dot_product'  # XLA's path, full mask
+  assert serving('auto', packed, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # packed cross: our kernels
   assert serving('auto', padded_self, q, v, dropout=False) == 'flash_gpu'  # float32: no cuDNN kernel
   # With attention dropout, which cuDNN's kernel lacks: our Triton kernel, for self- and cross-attention alike.
   assert serving('auto', padded_self, bf16(q), bf16(v), dropout=True) == 'flash_gpu'

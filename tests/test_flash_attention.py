@@ -84,8 +84,11 @@ def test_kernel_matches_reference(implementation, case):
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
   expected = _output_and_grads('reference', q, k, v, spec, cotangent)
   with flash_attention.interpret_kernels():
-    # The GPU kernel takes one segment-id array for both sides: cross-attention goes to 'dot_product'.
-    assert _runs_a_kernel(implementation, q, k, v, spec) == (implementation == 'flash_tpu' or spec.sides_match)
+    # jax's GPU kernel takes one segment-id array for both sides: cross-attention runs our Triton kernels.
+    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
+    assert 'pallas_call' in jaxpr
+    if implementation == 'flash_gpu':
+      assert ('attention_gpu_fwd' in jaxpr) == (not spec.sides_match)
     jitted_out, grads = _output_and_grads(implementation, q, k, v, spec, cotangent)
     # Also op by op: there the kernels give fully masked rows uniform weights (jitted, XLA happens to give 0).
     eager_out = attention.attend(q, k, v, spec, implementation=implementation)
@@ -122,7 +125,7 @@ def _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng):
   return jax.jit(run)(q, k, v, spec)
 
 
-DROPOUT_KERNELS = {'flash_tpu': 'attention_dropout_fwd', 'flash_gpu': 'attention_dropout_gpu_fwd'}  # their names
+DROPOUT_KERNELS = {'flash_tpu': 'attention_dropout_fwd', 'flash_gpu': 'attention_gpu_fwd'}  # their names
 
 
 @pytest.mark.parametrize('case', list(CASES))
@@ -208,8 +211,8 @@ def _packed_batch():
 @pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
 def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
   """The whole model (remat on, so the mask spec is traced as in training) runs the kernel (its self-attention
-  specs say that queries and keys match: `MaskSpec.self_attention`; flash_gpu's cross-attention falls back to
-  dot_product): same logits and gradients as the reference."""
+  specs say that queries and keys match: `MaskSpec.self_attention`; flash_gpu's cross-attention runs our Triton
+  kernels): same logits and gradients as the reference."""
   batch = _packed_batch()
   config = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
                        num_decoder_layers=1, dropout=0.0, max_len=64, remat='full')
@@ -223,7 +226,8 @@ def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
   expected = logits_and_grads('reference')
   with flash_attention.interpret_kernels():
     model = Transformer(config.replace(attention=implementation))
-    assert 'pallas_call' in str(jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params))
+    jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params))
+    assert 'pallas_call' in jaxpr and (implementation == 'flash_tpu' or 'attention_gpu_fwd' in jaxpr)
     got = logits_and_grads(implementation)
   np.testing.assert_allclose(got[0], expected[0], atol=1e-4, rtol=1e-4)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):

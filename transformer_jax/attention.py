@@ -145,9 +145,8 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments, no attention dropout), else
   'flash_gpu' — and 'reference' on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to
   'reference'; attention dropout to 'chunked' unless the choice has it ('reference', 'flash_gpu', and
-  'flash_tpu' for keys up to `flash_attention.DROPOUT_MAX_KEYS`); 'flash_gpu' without dropout (jax's kernel,
-  which takes one segment-id array for both sides) serves only self-attention (else 'dot_product': cuDNN for
-  right-padded batches); 'dot_product' needs d_k == d_v (else 'reference').
+  'flash_tpu' for keys up to `flash_attention.DROPOUT_MAX_KEYS`); 'dot_product' needs d_k == d_v (else
+  'reference').
   """
   if implementation == 'auto':
     implementation = _AUTO.get(sharding.target_platform(), 'reference')
@@ -160,9 +159,6 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   if dropout and not (implementation in _DROPOUT or implementation == 'flash_tpu'
                       and flash_attention.tpu_serves_dropout(spec.kv_valid.shape[1])):
     return 'chunked'
-  if implementation == 'flash_gpu' and not dropout and not (spec.sides_match
-                                                             and q.shape[1] == spec.kv_valid.shape[1]):
-    implementation = 'dot_product'
   if implementation == 'dot_product' and q.shape[-1] != v.shape[-1]:
     return 'reference'
   return implementation

@@ -292,17 +292,18 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
 
   That kernel takes ONE segment-id array for queries and keys alike, so it serves self-attention whose mask
   is statically known to describe both sides the same way (`MaskSpec.sides_match`); padding becomes a segment
-  id of its own there (padding queries see padding keys; their outputs are zeroed); `attention.serving` sends
-  everything else elsewhere. Lengths are padded to the kernel's blocks (a power of two from 16 to 128, then
-  multiples of 128), head dims to max(d_k, d_v). With attention dropout (`dropout_seeds`): our kernels
-  (`_flash_gpu_dropout`), which take query and key segment ids apart and so serve cross-attention too.
+  id of its own there (padding queries see padding keys; their outputs are zeroed). Lengths are padded to the
+  kernel's blocks (a power of two from 16 to 128, then multiples of 128), head dims to max(d_k, d_v). Everything
+  else — cross-attention, sides whose masks may differ, attention dropout (`dropout_seeds`) — runs our kernels
+  (`_flash_gpu_ours`), which take query and key segment ids apart.
   """
   platform = sharding.target_platform()
   if platform not in ('gpu', 'cuda', 'rocm', 'cpu'):
     raise ValueError(f"model.attention='flash_gpu' is the GPU kernel; on {platform} use 'flash_tpu' or "
                      "'dot_product'.")
-  if dropout_rate > 0.0 and dropout_seeds is not None:
-    return _flash_gpu_dropout(q, k, v, spec, dropout_rate, dropout_seeds)
+  dropout = dropout_rate > 0.0 and dropout_seeds is not None
+  if dropout or not (spec.sides_match and q.shape[1] == k.shape[1]):
+    return _flash_gpu_ours(q, k, v, spec, dropout_rate if dropout else 0.0, dropout_seeds)
   from jax.experimental.pallas.ops.gpu import attention as gpu_flash  # pylint: disable=g-import-not-at-top
   length, d_k, d_v = q.shape[1], q.shape[-1], v.shape[-1]
   size = max(16, 1 << (length - 1).bit_length()) if length <= 128 else _round_up(length, 128)
@@ -319,7 +320,8 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   return out * attention_masks.any_key(spec, out.dtype)
 
 
-# --- flash_gpu with attention dropout: our Triton kernels, an online softmax over key blocks with the hash's bits
+# --- flash_gpu's own Triton kernels (cross-attention, attention dropout): an online softmax over key blocks, the
+# query and key segment ids apart, attention dropout's bits drawn inside
 
 GPU_DROPOUT_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
 
@@ -338,14 +340,21 @@ def _gpu_hash_keys(scalars_ref):
 
 def _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, *, keep: float, causal: bool):
   """One tile of scores [rows, keys] (q comes scaled by 1/√d_k), the mask, and where attention dropout keeps the
-  weights."""
+  weights (None without dropout: keep = 1)."""
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
   q_pos = (q_start + jnp.arange(q.shape[0], dtype=jnp.int32))[:, None]
   k_pos = (k_start + jnp.arange(k.shape[0], dtype=jnp.int32))[None, :]
   mask = q_ids[:, None] == k_ids[None, :]
   if causal:
     mask &= k_pos <= q_pos
+  if keep == 1.0:
+    return s, mask, None
   return s, mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
+
+
+def _kept(kept, x):
+  """x where attention dropout keeps it, else 0 (x itself without dropout)."""
+  return x if kept is None else jnp.where(kept, x, 0.0)
 
 
 def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, keep: float,
@@ -364,7 +373,7 @@ def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, 
     m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1))
     p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
     correction = jnp.exp(m - m_new)
-    pv = jnp.dot(jnp.where(kept, p, 0.0).astype(v_ref.dtype), v_ref[keys, :], preferred_element_type=jnp.float32)
+    pv = jnp.dot(_kept(kept, p).astype(v_ref.dtype), v_ref[keys, :], preferred_element_type=jnp.float32)
     return m_new, l * correction + jnp.sum(p, axis=1), acc * correction[:, None] + pv
 
   num_k = k_ref.shape[0] // block_k
@@ -385,8 +394,8 @@ def _gpu_weights(hash_keys, q, k, v, do, q_ids, k_ids, lse, delta, q_start, k_st
   s, mask, kept = _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, keep=keep, causal=causal)
   p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
   dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  dp = jnp.where(kept, dp * (1.0 / keep), 0.0)
-  return jnp.where(kept, p * (1.0 / keep), 0.0), p * (dp - delta[:, None])
+  dp = _kept(kept, dp * (1.0 / keep))
+  return _kept(kept, p * (1.0 / keep)), p * (dp - delta[:, None])
 
 
 def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dq_ref, *,
@@ -435,7 +444,7 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _gpu_dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool):
+def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool):
   """q [b, q, h, d_k] (scaled), k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths
   multiples of GPU_DROPOUT_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
   differentiable function (`pallas_call`s in a custom VJP)."""
@@ -464,7 +473,7 @@ def _gpu_dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causa
                   ids_whole(k_len)],
         out_specs=[tile(block[0], d_v), rows_tile(block[0])],
         out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, d_v), v.dtype), stats], compiler_params=params,
-        cost_estimate=cost, interpret=interpret, name='attention_dropout_gpu_fwd')(scalars, q, k, v, q_ids, k_ids)
+        cost_estimate=cost, interpret=interpret, name='attention_gpu_fwd')(scalars, q, k, v, q_ids, k_ids)
 
   def backward(q, k, v, q_ids, k_ids, scalars, o, lse, do):
     delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)  # [b, h, q]
@@ -476,7 +485,7 @@ def _gpu_dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causa
         out_specs=tile(back[0], d_k), out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), compiler_params=params,
         cost_estimate=pl.CostEstimate(flops=2 * weights * (2 * d_k + d_v), transcendentals=weights,
                                       bytes_accessed=item * (2 * q.size + k.size + v.size + do.size)),
-        interpret=interpret, name='attention_dropout_gpu_dq')(*operands)
+        interpret=interpret, name='attention_gpu_dq')(*operands)
     dk, dv = pl.pallas_call(
         functools.partial(_gpu_dkv_kernel, block_q=back[0], **options), grid=(k_len // back[1], batch, heads),
         in_specs=[seeds, whole(q_len, d_k), tile(back[1], d_k), tile(back[1], d_v), ids_whole(q_len),
@@ -485,7 +494,7 @@ def _gpu_dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causa
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v)], compiler_params=params,
         cost_estimate=pl.CostEstimate(flops=4 * weights * (d_k + d_v), transcendentals=weights,
                                       bytes_accessed=item * (q.size + 2 * k.size + 2 * v.size + do.size)),
-        interpret=interpret, name='attention_dropout_gpu_dkv')(*operands)
+        interpret=interpret, name='attention_gpu_dkv')(*operands)
     return dq, dk, dv
 
   def forward_with_residuals(*args):
@@ -497,15 +506,17 @@ def _gpu_dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causa
   return attend(q, k, v, q_ids, k_ids, scalars)
 
 
-def _flash_gpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
-  """flash_gpu with attention dropout: our kernels (`_gpu_dropout_attention`), for self- and cross-attention at
-  any length; lengths padded to their blocks, head dims to powers of two (at least 16, Triton's smallest dot)."""
+def _flash_gpu_ours(q, k, v, spec, dropout_rate: float, dropout_seeds):
+  """flash_gpu's own kernels (`_gpu_attention`), for self- and cross-attention at any length, with attention
+  dropout where dropout_rate > 0; lengths padded to their blocks, head dims to powers of two (at least 16, Triton's
+  smallest dot)."""
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size = (_round_up(n, _gpu_block(n, GPU_DROPOUT_BLOCKS[0])) for n in (q_len, k_len))
   head_k, head_v = (max(16, pl.next_power_of_2(d)) for d in (d_k, d_v))
-  attend = functools.partial(_gpu_dropout_attention, keep=1.0 - dropout_rate, causal=spec.causal)
+  attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal)
+  seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
   out = _dropout_per_device(
       attend, _pad_to(_pad_to(_scaled(q, d_k), 1, q_size), 3, head_k), _pad_to(_pad_to(k, 1, k_size), 3, head_k),
-      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size), dropout_seeds)
+      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size), seeds)
   out = out[:, :q_len, :, :d_v]
   return out * attention_masks.any_key(spec, out.dtype)
