@@ -8,10 +8,14 @@ import importlib.util
 import json
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from bench import fits
 from transformer_jax import aot
+from transformer_jax import attention
+from transformer_jax import attention_masks
 from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import sharding
@@ -160,6 +164,29 @@ def test_flash_tpu_kernel_compiles_inside_the_train_step(attention_dropout, kern
   # 1 encoder + 2 decoder attentions, forward and backward (one backward kernel each): Mosaic custom calls.
   calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
   assert len(calls) == 6 and all(kernel in line for line in calls)
+
+
+def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
+  """Our dropout kernel with 1100 causal keys (9 blocks of 128: a float32 dq per block, delta from the saved
+  output, tiles above the diagonal skipped), forward and backward, compiled by Mosaic for a TPU."""
+  key_type = jax.random.key(0).dtype
+  mesh = jax.sharding.Mesh(np.asarray(aot.topology_devices(TOPOLOGY)), ('data',),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  qkv = jax.ShapeDtypeStruct((4, 1100, 2, 64), jnp.bfloat16, sharding=rows)
+
+  def loss(q, k, v, valid, rng):
+    spec = attention_masks.MaskSpec.self_attention(valid, causal=True)
+    out = attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.1, dropout_rng=rng)
+    return jnp.sum(out.astype(jnp.float32))
+
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
+        qkv, qkv, qkv, jax.ShapeDtypeStruct((4, 1100), jnp.bool_, sharding=rows),
+        jax.ShapeDtypeStruct((), key_type)).compile().as_text()
+  calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+  assert [('attention_dropout_fwd' in c, 'attention_dropout_bwd' in c) for c in calls] == [(True, False),
+                                                                                           (False, True)]
 
 
 def test_topology_names():

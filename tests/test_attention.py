@@ -11,7 +11,6 @@ import pytest
 from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
-from transformer_jax import flash_attention
 from transformer_jax import model_config
 from transformer_jax import sharding
 
@@ -194,7 +193,7 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
   q, k, v, spec = _random_case(9)
   self_spec = attention_masks.MaskSpec.self_attention(spec.q_valid, causal=True)
   decoding = spec.replace(q_offset=jnp.int32(3))
-  long = attention_masks.MaskSpec.self_attention(jnp.ones((1, flash_attention.DROPOUT_MAX_KEYS + 1), bool))
+  long = attention_masks.MaskSpec.self_attention(jnp.ones((1, 1100), bool))
   serving = attention.serving
   assert serving('auto', spec, q, v, dropout=False) == 'reference'  # a CPU: today's XLA path
   assert serving('auto', spec, q, v, dropout=True) == 'reference'  # a CPU's choice has dropout
@@ -203,7 +202,7 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
     assert serving('auto', spec, q, v, dropout=False) == 'flash_tpu'  # cross-attention: segment ids per side
     assert serving('auto', decoding, q, v, dropout=False) == 'reference'  # a cached prefix: no kernel's mask
     assert serving('auto', self_spec, q, v, dropout=True) == 'flash_tpu'  # its own kernel draws dropout
-    assert serving('auto', long, q, v, dropout=True) == 'chunked'  # longer keys: without the O(n²) weights
+    assert serving('auto', long, q, v, dropout=True) == 'flash_tpu'  # at any length
   assert serving('flash_gpu', self_spec, q, v, dropout=False) == 'flash_gpu'
   assert serving('flash_gpu', spec, q, v, dropout=False) == 'flash_gpu'  # cross-attention: our Triton kernels
   d_v = v[..., :4]

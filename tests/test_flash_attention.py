@@ -30,6 +30,9 @@ CASES = {
     # gradients it accumulates over two query blocks of 256; and 3 blocks of 128 with separate backward kernels.
     'one_key_block': dict(q_len=500, k_len=200, segments=False, causal=False),
     'long_causal': dict(q_len=300, k_len=300, segments=False, causal=True),
+    # Several key blocks for the dropout kernels (TPU: 5 of 128, causal tiles above the diagonal skipped; 9 of 128).
+    'many_key_blocks': dict(q_len=600, k_len=600, segments=True, causal=True),
+    'long_cross': dict(q_len=200, k_len=1100, segments=False, causal=False),
 }
 
 
@@ -162,15 +165,6 @@ def test_kernel_with_dropout_draws_the_same_bits_on_every_device_block(implement
   np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
 
 
-def test_tpu_dropout_kernel_refuses_keys_longer_than_its_block():
-  q, k, v, spec = _case('padding')
-  long_k = jnp.zeros((2, flash_attention.DROPOUT_MAX_KEYS + 1) + k.shape[2:])
-  long_spec = spec.replace(kv_valid=jnp.ones(long_k.shape[:2], bool), shared_sides=False)
-  with pytest.raises(ValueError, match='flash_tpu draws attention dropout for up to 512 keys'):
-    flash_attention.flash_tpu_attention(q, long_k, long_k, long_spec, dropout_rate=0.3,
-                                        dropout_seeds=attention_masks.dropout_seeds(jax.random.key(0)))
-
-
 def test_cached_decoding_falls_back_to_reference():
   q, k, v, _ = _case('causal')
   spec = attention_masks.MaskSpec(q_valid=jnp.ones(q.shape[:2], bool), kv_valid=jnp.ones(k.shape[:2], bool),
@@ -257,3 +251,25 @@ def test_compiled_train_step_with_a_dropout_kernel_matches_reference(implementat
   with flash_attention.interpret_kernels():
     got = step_metrics(implementation)
   np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_causal_dropout_kernels_cost_only_the_tiles_they_compute():
+  """flash_tpu's kernel skips the causal tiles above the diagonal, and its cost estimate counts the rest: 15 of 25
+  tiles of 128 × 128 for 600 (padded to 640) queries and keys."""
+  q, k, v, spec = _case('many_key_blocks')
+  run = lambda: attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.1,
+                                 dropout_rng=jax.random.key(0))
+  def pallas_calls(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'pallas_call':
+        yield eqn
+      for value in eqn.params.values():
+        inner = getattr(value, 'jaxpr', value)  # closed jaxprs of custom_vjp and the like
+        if hasattr(inner, 'eqns'):
+          yield from pallas_calls(inner)
+
+  with flash_attention.interpret_kernels():
+    calls = list(pallas_calls(jax.make_jaxpr(run)().jaxpr))
+  (forward,) = [e for e in calls if e.params['name'] == 'attention_dropout_fwd']
+  batch, heads, d_k, d_v = q.shape[0], q.shape[2], q.shape[-1], v.shape[-1]
+  assert forward.params['cost_estimate'].flops == 2 * batch * heads * 15 * 128 * 128 * (d_k + d_v)

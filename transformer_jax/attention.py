@@ -134,7 +134,7 @@ IMPLEMENTATIONS = {
     'flash_tpu': flash_attention.flash_tpu_attention,
     'flash_gpu': flash_attention.flash_gpu_attention,
 }
-_DROPOUT = ('reference', 'chunked', 'flash_gpu')  # the implementations with attention dropout at any length
+_DROPOUT = ('reference', 'chunked', 'flash_tpu', 'flash_gpu')  # the implementations with attention dropout
 _AUTO = {'tpu': 'flash_tpu', 'gpu': 'flash_gpu', 'cuda': 'flash_gpu', 'rocm': 'flash_gpu'}  # else 'reference'
 
 
@@ -144,9 +144,8 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
   'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`) — on a GPU
   cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments, no attention dropout), else
   'flash_gpu' — and 'reference' on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to
-  'reference'; attention dropout to 'chunked' unless the choice has it ('reference', 'flash_gpu', and
-  'flash_tpu' for keys up to `flash_attention.DROPOUT_MAX_KEYS`); 'dot_product' needs d_k == d_v (else
-  'reference').
+  'reference'; attention dropout to 'chunked' where the choice has none ('dot_product'); 'dot_product' needs
+  d_k == d_v (else 'reference').
   """
   if implementation == 'auto':
     implementation = _AUTO.get(sharding.target_platform(), 'reference')
@@ -156,8 +155,7 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
     raise ValueError(f'unknown attention implementation {implementation!r}: use one of {("auto", *IMPLEMENTATIONS)}.')
   if spec.has_offset:
     return 'reference'
-  if dropout and not (implementation in _DROPOUT or implementation == 'flash_tpu'
-                      and flash_attention.tpu_serves_dropout(spec.kv_valid.shape[1])):
+  if dropout and implementation not in _DROPOUT:
     return 'chunked'
   if implementation == 'dot_product' and q.shape[-1] != v.shape[-1]:
     return 'reference'

@@ -48,6 +48,15 @@ def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def _computed_weights(shape, block_q: int, block_k: int, causal: bool) -> int:
+  """How many of the [batch, heads, q, k] weights a kernel computes in tiles of block_q × block_k: causal
+  kernels skip the tiles whose keys every query of the tile is before (their cost estimates count only the rest)."""
+  batch, heads, q_len, k_len = shape
+  num_q, num_k = q_len // block_q, k_len // block_k
+  tiles = sum(1 for i in range(num_q) for j in range(num_k) if not causal or j * block_k < (i + 1) * block_q)
+  return batch * heads * tiles * block_q * block_k
+
+
 def _pad_to(x, axis: int, size: int, value=0):
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, size - x.shape[axis])
@@ -127,7 +136,7 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   kernels as `_splash_blocks` chooses. With segment ids its blocks need query and key lengths in multiples of
   128: both are padded here, and head dims to max(d_k, d_v). Not for cached decoding (`attention.serving` sends
   that elsewhere). With attention dropout (`dropout_seeds`, `attention_masks.dropout_seeds`): our kernel
-  (`_flash_tpu_dropout`), for keys up to DROPOUT_MAX_KEYS.
+  (`_flash_tpu_dropout`).
   """
   platform = sharding.target_platform()
   if platform not in ('tpu', 'cpu'):
@@ -160,126 +169,216 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   return out * attention_masks.any_key(spec, out.dtype)
 
 
-# --- flash_tpu with attention dropout: our kernel for keys that fit one block, whose rows it softmaxes whole
-
-DROPOUT_MAX_KEYS = 512  # padded key length up to which flash_tpu serves attention dropout (else `chunked`)
+# --- flash_tpu with attention dropout: our kernel, an online softmax over key blocks with the hash's bits inside
 
 
-def tpu_serves_dropout(k_len: int) -> bool:
-  return _round_up(k_len, 128) <= DROPOUT_MAX_KEYS
+def _tpu_dropout_blocks(q_size: int, k_size: int) -> tuple[int, int]:
+  """(block_q, block_k) for lengths padded to 128: keys in one block up to 512 (one key block: dq needs no sum
+  over blocks), else blocks of 512, 256 or 128, whichever divides; queries in 256s where that divides and the
+  keys are at most 256, else 128s."""
+  block_k = k_size if k_size <= 512 else next(b for b in (512, 256, 128) if k_size % b == 0)
+  return (256 if q_size % 256 == 0 and k_size <= 256 else 128), block_k
 
 
-def _block_weights(scalars_ref, q, k, q_ids_ref, k_ids_ref, *, keep: float, causal: bool):
-  """The grid step's block of queries against all keys: the softmax weights [block, keys] (q comes scaled by
-  1/√d_k), and where attention dropout keeps them (`attention_masks.dropout_keep` for the step's batch row and
-  head; scalars: the two seeds, then the indices of this device's first batch row and head)."""
+def _hash_keys(scalars_ref, batch_axis: int):
+  """The grid step's batch row and head's key for `attention_masks.dropout_keep`, and its seed; scalars: the two
+  seeds, then the indices of this device's first batch row and head; the grid's batch axis, its head axis next.
+  Read in a kernel's body, outside its loops and conditions (interpret mode needs that)."""
+  seeds = (scalars_ref[0], scalars_ref[1])
+  return (attention_masks.dropout_row_keys(seeds, scalars_ref[2] + pl.program_id(batch_axis),
+                                           scalars_ref[3] + pl.program_id(batch_axis + 1)), seeds[1])
+
+
+def _tile_scores(hash_keys, q, k, q_ids_ref, k_ids_ref, q_block, k_block, *, keep: float, causal: bool):
+  """The grid step's tile of scores [block_q, block_k] (q comes scaled by 1/√d_k), its mask, and where attention
+  dropout keeps the weights."""
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  q_pos = pl.program_id(2) * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
-  k_pos = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+  q_pos = q_block * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+  k_pos = k_block * s.shape[1] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
   mask = q_ids_ref[...] == k_ids_ref[...]
   if causal:
     mask &= k_pos <= q_pos
-  s = jnp.where(mask, s, attention_masks.NEG)
-  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
-  seeds = (scalars_ref[0], scalars_ref[1])
-  row = attention_masks.dropout_row_keys(seeds, scalars_ref[2] + pl.program_id(0), scalars_ref[3] + pl.program_id(1))
-  return p / jnp.sum(p, axis=1, keepdims=True), attention_masks.dropout_keep(row, seeds[1], q_pos, k_pos, keep)
+  return s, mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
 
 
-def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, *, keep: float,
-                            causal: bool):
-  """softmax(q·kᵀ) ⊙ dropout, · v for one block of queries."""
-  p, kept = _block_weights(scalars_ref, q_ref[...], k_ref[...], q_ids_ref, k_ids_ref, keep=keep, causal=causal)
-  p = jnp.where(kept, p * (1.0 / keep), 0.0)
-  o_ref[...] = jnp.dot(p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+def _unless_hidden(causal: bool, q_block, k_block, block_q: int, block_k: int, body, hidden=None):
+  """body() for a tile with a key some query may see (causal: the key block starts at or before the query block's
+  end), else hidden() if given."""
+  if not causal:
+    return body()
+  visible = k_block * block_k < (q_block + 1) * block_q
+  pl.when(visible)(body)
+  if hidden is not None:
+    pl.when(jnp.logical_not(visible))(hidden)
 
 
-def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, do_ref, dq_ref, dk_ref,
-                             dv_ref, dk_acc, dv_acc, *, keep: float, causal: bool):
-  """The forward block's weights and bits recomputed, then dq for the block, and dk, dv summed over query blocks."""
-  qi = pl.program_id(2)
+def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, *refs, keep: float,
+                            causal: bool, whole_rows: bool):
+  """A block of queries against one block of keys (grid: batch row, head, query block, key block): the softmax's
+  running max and sum over all (undropped) weights, the weighted sum over the kept ones; at the last key block
+  the output and, unless the tiles hold whole rows (one key block), each query's log-sum-exp (refs: lse, then the
+  scratch)."""
+  lse_ref, m_acc, l_acc, o_acc = (None, *refs) if whole_rows else refs
+  q_block, k_block, hash_keys = pl.program_id(2), pl.program_id(3), _hash_keys(scalars_ref, 0)
 
-  @pl.when(qi == 0)
+  @pl.when(k_block == 0)
+  def _():
+    m_acc[...] = jnp.full(m_acc.shape, attention_masks.NEG, jnp.float32)
+    l_acc[...] = jnp.zeros_like(l_acc)
+    o_acc[...] = jnp.zeros_like(o_acc)
+
+  def update():
+    s, mask, kept = _tile_scores(hash_keys, q_ref[...], k_ref[...], q_ids_ref, k_ids_ref, q_block, k_block,
+                                 keep=keep, causal=causal)
+    m_prev = m_acc[...]
+    m_new = jnp.maximum(m_prev, jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1, keepdims=True))
+    p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+    correction = jnp.exp(m_prev - m_new)
+    l_acc[...] = l_acc[...] * correction + jnp.sum(p, axis=1, keepdims=True)
+    o_acc[...] = o_acc[...] * correction + jnp.dot(jnp.where(kept, p, 0.0).astype(v_ref.dtype), v_ref[...],
+                                                   preferred_element_type=jnp.float32)
+    m_acc[...] = m_new
+
+  _unless_hidden(causal, q_block, k_block, q_ref.shape[0], k_ref.shape[0], update)
+
+  @pl.when(k_block == pl.num_programs(3) - 1)
+  def _():
+    seen = l_acc[...] > 0  # queries that may attend to no key get zeros, and a log-sum-exp that gives no weights
+    total = jnp.where(seen, l_acc[...], 1.0)
+    o_ref[...] = jnp.where(seen, o_acc[...] / (keep * total), 0.0).astype(o_ref.dtype)
+    if not whole_rows:
+      lse_ref[...] = jnp.where(seen, m_acc[...] + jnp.log(total), jnp.inf)
+
+
+def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, *refs, keep: float,
+                             causal: bool, whole_rows: bool):
+  """One tile (grid: batch row, head, key block, query block): its weights and bits recomputed, this key block's
+  part of dq, and dk, dv summed over the query blocks in VMEM. The weights come from each query's log-sum-exp and
+  delta = rowsum(do ⊙ o) from inputs (refs: lse, delta, do, the outputs, the scratch), or where the tile holds
+  whole rows (one key block), from the tile itself: the row's softmax and rowsum(p ⊙ dp) (refs: do, ...)."""
+  lse_ref, delta_ref, do_ref, dq_ref, dk_ref, dv_ref, dk_acc, dv_acc = (None, None, *refs) if whole_rows else refs
+  k_block, q_block, hash_keys = pl.program_id(2), pl.program_id(3), _hash_keys(scalars_ref, 0)
+
+  @pl.when(q_block == 0)
   def _():
     dk_acc[...] = jnp.zeros_like(dk_acc)
     dv_acc[...] = jnp.zeros_like(dv_acc)
 
-  q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-  p, kept = _block_weights(scalars_ref, q, k, q_ids_ref, k_ids_ref, keep=keep, causal=causal)
-  transposed_lhs = (((0,), (0,)), ((), ()))
-  dropped = jnp.where(kept, p * (1.0 / keep), 0.0)
-  dv_acc[...] += jax.lax.dot_general(dropped.astype(do.dtype), do, transposed_lhs,
-                                     preferred_element_type=jnp.float32)
-  dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  dp = jnp.where(kept, dp * (1.0 / keep), 0.0)
-  ds = p * (dp - jnp.sum(p * dp, axis=1, keepdims=True))
-  dq_ref[...] = jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
-  dk_acc[...] += jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
+  def update():
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    s, mask, kept = _tile_scores(hash_keys, q, k, q_ids_ref, k_ids_ref, q_block, k_block, keep=keep,
+                                 causal=causal)
+    if whole_rows:
+      p = jnp.where(mask, jnp.exp(s - jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1, keepdims=True)), 0.0)
+      total = jnp.sum(p, axis=1, keepdims=True)
+      p = p / jnp.where(total > 0, total, 1.0)
+    else:
+      p = jnp.where(mask, jnp.exp(s - lse_ref[...]), 0.0)
+    transposed_lhs = (((0,), (0,)), ((), ()))
+    dropped = jnp.where(kept, p * (1.0 / keep), 0.0)
+    dv_acc[...] += jax.lax.dot_general(dropped.astype(do.dtype), do, transposed_lhs,
+                                       preferred_element_type=jnp.float32)
+    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dp = jnp.where(kept, dp * (1.0 / keep), 0.0)
+    ds = p * (dp - (jnp.sum(p * dp, axis=1, keepdims=True) if whole_rows else delta_ref[...]))
+    dq_ref[...] = jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
+    dk_acc[...] += jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
 
-  @pl.when(qi == pl.num_programs(2) - 1)
+  _unless_hidden(causal, q_block, k_block, q_ref.shape[0], k_ref.shape[0], update,
+                 hidden=lambda: dq_ref.__setitem__(Ellipsis, jnp.zeros(dq_ref.shape, dq_ref.dtype)))
+
+  @pl.when(q_block == pl.num_programs(3) - 1)
   def _():
     dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
-def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, block_q: int):
+def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, block_q: int, block_k: int):
   """q [b, h, q, d_k] (scaled), k [b, h, k, d_k], v [b, h, k, d_v] with ids [b, q, 1] and [b, 1, k] and
-  `_block_weights`' scalars [4]: the kernels above as one differentiable function (`pallas_call`s in a custom VJP)."""
+  `_tile_scores`' scalars [4]: the kernels above as one differentiable function (`pallas_call`s in a custom VJP).
+  dq comes in one part per key block (float32 where there are several), summed here. With one key block (whole
+  rows) the backward pass keeps only q, k and v, and recomputes the rows' softmax."""
   (batch, heads, q_len, d_k), (k_len, d_v) = q.shape, v.shape[2:]
   options = dict(keep=keep, causal=causal)
-  grid = (batch, heads, q_len // block_q)
-  q_block, o_block = (pl.BlockSpec((None, None, block_q, d), lambda b, h, i, *_: (b, h, i, 0)) for d in (d_k, d_v))
-  kv_blocks = [pl.BlockSpec((None, None, k_len, d), lambda b, h, i, *_: (b, h, 0, 0)) for d in (d_k, d_v)]
-  id_blocks = [pl.BlockSpec((None, block_q, 1), lambda b, h, i, *_: (b, i, 0)),
-               pl.BlockSpec((None, 1, k_len), lambda b, h, i, *_: (b, 0, 0))]
-  params = pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel', 'arbitrary'))
-  interpret = _INTERPRET.get()
-  weights = batch * heads * q_len * k_len
+  num_q, num_k = q_len // block_q, k_len // block_k
+  forward_grid, backward_grid = (batch, heads, num_q, num_k), (batch, heads, num_k, num_q)
+  # Index maps take the grid's indices (batch, head, then the query and key blocks in the grid's order).
+  q_at = lambda b, h, i, j, *_: (b, h, i, 0)
+  k_at = lambda b, h, i, j, *_: (b, h, j, 0)
+  q_ids_at, k_ids_at, rows_at = lambda b, h, i, j, *_: (b, i, 0), lambda b, h, i, j, *_: (b, 0, j), q_at
+  swap = lambda at: lambda b, h, j, i, *_: at(b, h, i, j)  # the backward grid runs key blocks outside
+  tile = lambda block, d, at: pl.BlockSpec((None, None, block, d), at)
+  ids = [pl.BlockSpec((None, block_q, 1), q_ids_at), pl.BlockSpec((None, 1, block_k), k_ids_at)]
+  stats = jax.ShapeDtypeStruct((batch, heads, q_len, 1), jnp.float32)  # each query's log-sum-exp, delta
+  whole_rows = num_k == 1
+  options.update(whole_rows=whole_rows)
+  weights = _computed_weights((batch, heads, q_len, k_len), block_q, block_k, causal)
   item = q.dtype.itemsize
-  ids_bytes = 4 * (q_ids.size + k_ids.size)
+  interpret = _INTERPRET.get()
 
   def forward(q, k, v, q_ids, k_ids, scalars):
-    spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=[q_block, *kv_blocks, *id_blocks],
-                                        out_specs=o_block)
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=forward_grid,
+        in_specs=[tile(block_q, d_k, q_at), tile(block_k, d_k, k_at), tile(block_k, d_v, k_at), *ids],
+        out_specs=[tile(block_q, d_v, q_at), *[tile(block_q, 1, rows_at)] * (not whole_rows)],
+        scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32), pltpu.VMEM((block_q, 1), jnp.float32),
+                        pltpu.VMEM((block_q, d_v), jnp.float32)])
     cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
-                           bytes_accessed=item * (q.size + k.size + v.size + q.size // d_k * d_v) + ids_bytes)
+                           bytes_accessed=item * (q.size + num_q * (k.size + v.size) + q.size // d_k * d_v)
+                           + 4 * ((not whole_rows) * stats.size + q_ids.size + num_q * k_ids.size))
     return pl.pallas_call(
         functools.partial(_dropout_forward_kernel, **options), grid_spec=spec,
-        out_shape=jax.ShapeDtypeStruct((batch, heads, q_len, d_v), v.dtype), compiler_params=params,
+        out_shape=[jax.ShapeDtypeStruct((batch, heads, q_len, d_v), v.dtype), *[stats] * (not whole_rows)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
         cost_estimate=cost, interpret=interpret, name='attention_dropout_fwd')(scalars, q, k, v, q_ids, k_ids)
 
-  def backward(q, k, v, q_ids, k_ids, scalars, do):
+  def backward(q, k, v, q_ids, k_ids, scalars, o, lse, do):
+    # lse and delta, [b, h, q, 1] each, where the tiles do not hold whole rows
+    stats_in = [] if whole_rows else [lse, jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1,
+                                                    keepdims=True)]
+    dq_dtype = q.dtype if whole_rows else jnp.float32
     spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=grid, in_specs=[q_block, *kv_blocks, *id_blocks, o_block],
-        out_specs=[q_block, *kv_blocks],
-        scratch_shapes=[pltpu.VMEM((k_len, d_k), jnp.float32), pltpu.VMEM((k_len, d_v), jnp.float32)])
+        num_scalar_prefetch=1, grid=backward_grid,
+        in_specs=[tile(block_q, d_k, swap(q_at)), tile(block_k, d_k, swap(k_at)), tile(block_k, d_v, swap(k_at)),
+                  *(pl.BlockSpec(s.block_shape, swap(s.index_map)) for s in ids),
+                  *[tile(block_q, 1, swap(rows_at))] * len(stats_in), tile(block_q, d_v, swap(q_at))],
+        out_specs=[pl.BlockSpec((None, None, None, block_q, d_k), lambda b, h, j, i, *_: (j, b, h, i, 0)),
+                   tile(block_k, d_k, swap(k_at)), tile(block_k, d_v, swap(k_at))],
+        scratch_shapes=[pltpu.VMEM((block_k, d_k), jnp.float32), pltpu.VMEM((block_k, d_v), jnp.float32)])
     cost = pl.CostEstimate(flops=2 * weights * (3 * d_k + 2 * d_v), transcendentals=weights,
-                           bytes_accessed=2 * item * (q.size + k.size + v.size) + item * do.size + ids_bytes)
-    return pl.pallas_call(
+                           bytes_accessed=num_k * item * (q.size + do.size) + item * 2 * (k.size + v.size)
+                           + num_k * q.size * jnp.dtype(dq_dtype).itemsize
+                           + 4 * (num_k * (len(stats_in) * stats.size + q_ids.size) + k_ids.size))
+    dq, dk, dv = pl.pallas_call(
         functools.partial(_dropout_backward_kernel, **options), grid_spec=spec,
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)], compiler_params=params,
-        cost_estimate=cost, interpret=interpret, name='attention_dropout_bwd')(scalars, q, k, v, q_ids, k_ids, do)
+        out_shape=[jax.ShapeDtypeStruct((num_k, *q.shape), dq_dtype),
+                   *(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v))],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
+        cost_estimate=cost, interpret=interpret, name='attention_dropout_bwd')(
+            scalars, q, k, v, q_ids, k_ids, *stats_in, do)
+    return jnp.sum(dq, axis=0).astype(q.dtype), dk, dv
 
-  attend = jax.custom_vjp(forward)  # ids and scalars are arguments, not closed over: no tracer leaks from the VJP
-  attend.defvjp(lambda *args: (forward(*args), args), lambda res, do: (*backward(*res, do), None, None, None))
+  def forward_with_residuals(*args):
+    o, *lse = forward(*args)
+    return o, (*args, *((None, None) if whole_rows else (o, *lse)))
+
+  attend = jax.custom_vjp(lambda *args: forward(*args)[0])  # ids and scalars are arguments: no tracer leaks
+  attend.defvjp(forward_with_residuals, lambda res, do: (*backward(*res, do), None, None, None))
   return attend(q, k, v, q_ids, k_ids, scalars)
 
 
 def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
-  """flash_tpu with attention dropout: our kernel, the keys in one block of up to DROPOUT_MAX_KEYS (padded to
-  128), queries in blocks of 256 (128 where that does not divide or the keys are longer than 256)."""
+  """flash_tpu with attention dropout: our kernel (`_dropout_attention`) at any length, padded to 128, in the
+  blocks `_tpu_dropout_blocks` chooses."""
   q_len, k_len, d_k = q.shape[1], k.shape[1], q.shape[-1]
   q_size, k_size = _round_up(q_len, 128), _round_up(k_len, 128)
-  if k_size > DROPOUT_MAX_KEYS:
-    raise ValueError(f'flash_tpu draws attention dropout for up to {DROPOUT_MAX_KEYS} keys, not {k_size}; '
-                     "attention.serving sends longer ones to 'chunked'.")
-  block_q = 256 if q_size % 256 == 0 and k_size <= 256 else 128
+  block_q, block_k = _tpu_dropout_blocks(q_size, k_size)
   keep = 1.0 - dropout_rate
 
   def attend(q, k, v, q_ids, kv_ids, scalars):
     out = _dropout_attention(_heads_major(_scaled(q, d_k)), _heads_major(k), _heads_major(v),
                              q_ids[:, :, None], kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal,
-                             block_q=block_q)
+                             block_q=block_q, block_k=block_k)
     return _heads_major(out)
 
   out = _dropout_per_device(attend, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
@@ -323,19 +422,11 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
 # --- flash_gpu's own Triton kernels (cross-attention, attention dropout): an online softmax over key blocks, the
 # query and key segment ids apart, attention dropout's bits drawn inside
 
-GPU_DROPOUT_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
+GPU_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
 
 
 def _gpu_block(size: int, block: int) -> int:
   return min(block, max(16, pl.next_power_of_2(size)))
-
-
-def _gpu_hash_keys(scalars_ref):
-  """The program's batch row and head's key for `attention_masks.dropout_keep`, and its seed (scalars as
-  `_block_weights`'); read in the kernel's body, outside its loops."""
-  seeds = (scalars_ref[0], scalars_ref[1])
-  return (attention_masks.dropout_row_keys(seeds, scalars_ref[2] + pl.program_id(1),
-                                           scalars_ref[3] + pl.program_id(2)), seeds[1])
 
 
 def _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, *, keep: float, causal: bool):
@@ -363,7 +454,7 @@ def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, 
   weighted sum over the kept ones; and each row's log-sum-exp for the backward kernels."""
   block_q = q_ref.shape[0]
   q_start = pl.program_id(0) * block_q
-  q, q_ids, hash_keys = q_ref[...], q_ids_ref[...], _gpu_hash_keys(scalars_ref)
+  q, q_ids, hash_keys = q_ref[...], q_ids_ref[...], _hash_keys(scalars_ref, 1)
 
   def body(i, carry):
     m, l, acc = carry
@@ -404,7 +495,7 @@ def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_r
   block_q = q_ref.shape[0]
   q_start = pl.program_id(0) * block_q
   q, do, q_ids, lse, delta = q_ref[...], do_ref[...], q_ids_ref[...], lse_ref[...], delta_ref[...]
-  hash_keys = _gpu_hash_keys(scalars_ref)
+  hash_keys = _hash_keys(scalars_ref, 1)
 
   def body(i, dq):
     keys = pl.ds(i * block_k, block_k)
@@ -424,7 +515,7 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
   """dk and dv for one block of keys, summed over query blocks."""
   block_k = k_ref.shape[0]
   k_start = pl.program_id(0) * block_k
-  k, v, k_ids, hash_keys = k_ref[...], v_ref[...], k_ids_ref[...], _gpu_hash_keys(scalars_ref)
+  k, v, k_ids, hash_keys = k_ref[...], v_ref[...], k_ids_ref[...], _hash_keys(scalars_ref, 1)
   transposed_lhs = (((0,), (0,)), ((), ()))
 
   def body(i, carry):
@@ -446,13 +537,13 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
 
 def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool):
   """q [b, q, h, d_k] (scaled), k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths
-  multiples of GPU_DROPOUT_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
+  multiples of GPU_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
   differentiable function (`pallas_call`s in a custom VJP)."""
   (batch, q_len, heads, d_k), (k_len, d_v) = q.shape, (k.shape[1], v.shape[-1])
   options = dict(keep=keep, causal=causal)
   params = plgpu.CompilerParams(num_warps=4 if max(d_k, d_v) <= 64 else 8, num_stages=2)
   interpret = _INTERPRET.get()
-  weights, item = batch * heads * q_len * k_len, q.dtype.itemsize
+  item = q.dtype.itemsize
   whole = lambda length, d: pl.BlockSpec((None, length, None, d), lambda i, b, h: (b, 0, h, 0))
   tile = lambda block, d: pl.BlockSpec((None, block, None, d), lambda i, b, h: (b, i, h, 0))
   ids_tile = lambda block: pl.BlockSpec((None, block), lambda i, b, h: (b, i))
@@ -461,8 +552,10 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool)
   rows_whole = lambda length: pl.BlockSpec((None, None, length), lambda i, b, h: (b, h, 0))
   seeds = pl.BlockSpec((4,), lambda i, b, h: (0,))
   stats = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
-  block = [_gpu_block(q_len, GPU_DROPOUT_BLOCKS[0]), _gpu_block(k_len, GPU_DROPOUT_BLOCKS[0])]
-  back = [_gpu_block(q_len, GPU_DROPOUT_BLOCKS[1]), _gpu_block(k_len, GPU_DROPOUT_BLOCKS[1])]
+  block = [_gpu_block(q_len, GPU_BLOCKS[0]), _gpu_block(k_len, GPU_BLOCKS[0])]
+  back = [_gpu_block(q_len, GPU_BLOCKS[1]), _gpu_block(k_len, GPU_BLOCKS[1])]
+  shape = (batch, heads, q_len, k_len)
+  weights, back_weights = (_computed_weights(shape, *blocks, causal) for blocks in (block, back))
 
   def forward(q, k, v, q_ids, k_ids, scalars):
     cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
@@ -483,7 +576,7 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool)
         in_specs=[seeds, tile(back[0], d_k), whole(k_len, d_k), whole(k_len, d_v), ids_tile(back[0]),
                   ids_whole(k_len), rows_tile(back[0]), rows_tile(back[0]), tile(back[0], d_v)],
         out_specs=tile(back[0], d_k), out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), compiler_params=params,
-        cost_estimate=pl.CostEstimate(flops=2 * weights * (2 * d_k + d_v), transcendentals=weights,
+        cost_estimate=pl.CostEstimate(flops=2 * back_weights * (2 * d_k + d_v), transcendentals=back_weights,
                                       bytes_accessed=item * (2 * q.size + k.size + v.size + do.size)),
         interpret=interpret, name='attention_gpu_dq')(*operands)
     dk, dv = pl.pallas_call(
@@ -492,7 +585,7 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool)
                   ids_tile(back[1]), rows_whole(q_len), rows_whole(q_len), whole(q_len, d_v)],
         out_specs=[tile(back[1], d_k), tile(back[1], d_v)],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v)], compiler_params=params,
-        cost_estimate=pl.CostEstimate(flops=4 * weights * (d_k + d_v), transcendentals=weights,
+        cost_estimate=pl.CostEstimate(flops=4 * back_weights * (d_k + d_v), transcendentals=back_weights,
                                       bytes_accessed=item * (q.size + 2 * k.size + 2 * v.size + do.size)),
         interpret=interpret, name='attention_gpu_dkv')(*operands)
     return dq, dk, dv
@@ -511,7 +604,7 @@ def _flash_gpu_ours(q, k, v, spec, dropout_rate: float, dropout_seeds):
   dropout where dropout_rate > 0; lengths padded to their blocks, head dims to powers of two (at least 16, Triton's
   smallest dot)."""
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
-  q_size, k_size = (_round_up(n, _gpu_block(n, GPU_DROPOUT_BLOCKS[0])) for n in (q_len, k_len))
+  q_size, k_size = (_round_up(n, _gpu_block(n, GPU_BLOCKS[0])) for n in (q_len, k_len))
   head_k, head_v = (max(16, pl.next_power_of_2(d)) for d in (d_k, d_v))
   attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal)
   seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
