@@ -1,7 +1,8 @@
 """The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention; with attention dropout,
-our own kernel) and `flash_gpu` (jax's Triton kernel; with attention dropout, our own kernels), each run by
-`jax.shard_map` on every device's block of batch × heads of the context mesh. They serve what their kernels can (`attention.serving` sends the rest to the XLA implementations);
-`interpret_kernels` runs them on a CPU for tests."""
+our own kernel) and `flash_gpu` (jax's Triton kernel; for cross-attention and attention dropout, our own
+kernels), each run by `jax.shard_map` on every device's block of batch × heads of the context mesh. They serve
+what their kernels can (`attention.serving` sends the rest to the XLA implementations); `interpret_kernels` runs
+them on a CPU for tests."""
 
 import contextlib
 import contextvars
@@ -284,8 +285,10 @@ def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_
     dq_ref[...] = jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
     dk_acc[...] += jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
 
-  _unless_hidden(causal, q_block, k_block, q_ref.shape[0], k_ref.shape[0], update,
-                 hidden=lambda: dq_ref.__setitem__(Ellipsis, jnp.zeros(dq_ref.shape, dq_ref.dtype)))
+  def no_dq():
+    dq_ref[...] = jnp.zeros(dq_ref.shape, dq_ref.dtype)
+
+  _unless_hidden(causal, q_block, k_block, q_ref.shape[0], k_ref.shape[0], update, hidden=no_dq)
 
   @pl.when(q_block == pl.num_programs(3) - 1)
   def _():
@@ -314,6 +317,10 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
   options.update(whole_rows=whole_rows)
   weights = _computed_weights((batch, heads, q_len, k_len), block_q, block_k, causal)
   item = q.dtype.itemsize
+  # A block is fetched again only when its index changes from one grid step to the next: k and v once per query
+  # block where there are several key blocks (forward), q, do and the rows' stats once per key block where there
+  # are several query blocks (backward).
+  k_reads, q_reads = (num_q if num_k > 1 else 1), (num_k if num_q > 1 else 1)
   interpret = _INTERPRET.get()
 
   def forward(q, k, v, q_ids, k_ids, scalars):
@@ -324,8 +331,8 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
         scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32), pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, d_v), jnp.float32)])
     cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
-                           bytes_accessed=item * (q.size + num_q * (k.size + v.size) + q.size // d_k * d_v)
-                           + 4 * ((not whole_rows) * stats.size + q_ids.size + num_q * k_ids.size))
+                           bytes_accessed=item * (q.size + k_reads * (k.size + v.size) + q.size // d_k * d_v)
+                           + 4 * ((not whole_rows) * stats.size + q_ids.size + k_reads * k_ids.size))
     return pl.pallas_call(
         functools.partial(_dropout_forward_kernel, **options), grid_spec=spec,
         out_shape=[jax.ShapeDtypeStruct((batch, heads, q_len, d_v), v.dtype), *[stats] * (not whole_rows)],
@@ -346,9 +353,9 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
                    tile(block_k, d_k, swap(k_at)), tile(block_k, d_v, swap(k_at))],
         scratch_shapes=[pltpu.VMEM((block_k, d_k), jnp.float32), pltpu.VMEM((block_k, d_v), jnp.float32)])
     cost = pl.CostEstimate(flops=2 * weights * (3 * d_k + 2 * d_v), transcendentals=weights,
-                           bytes_accessed=num_k * item * (q.size + do.size) + item * 2 * (k.size + v.size)
+                           bytes_accessed=q_reads * item * (q.size + do.size) + item * 2 * (k.size + v.size)
                            + num_k * q.size * jnp.dtype(dq_dtype).itemsize
-                           + 4 * (num_k * (len(stats_in) * stats.size + q_ids.size) + k_ids.size))
+                           + 4 * (q_reads * (len(stats_in) * stats.size + q_ids.size) + k_ids.size))
     dq, dk, dv = pl.pallas_call(
         functools.partial(_dropout_backward_kernel, **options), grid_spec=spec,
         out_shape=[jax.ShapeDtypeStruct((num_k, *q.shape), dq_dtype),
@@ -422,7 +429,7 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
 # --- flash_gpu's own Triton kernels (cross-attention, attention dropout): an online softmax over key blocks, the
 # query and key segment ids apart, attention dropout's bits drawn inside
 
-GPU_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
+_GPU_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
 
 
 def _gpu_block(size: int, block: int) -> int:
@@ -537,7 +544,7 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
 
 def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool):
   """q [b, q, h, d_k] (scaled), k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths
-  multiples of GPU_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
+  multiples of _GPU_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
   differentiable function (`pallas_call`s in a custom VJP)."""
   (batch, q_len, heads, d_k), (k_len, d_v) = q.shape, (k.shape[1], v.shape[-1])
   options = dict(keep=keep, causal=causal)
@@ -552,8 +559,8 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool)
   rows_whole = lambda length: pl.BlockSpec((None, None, length), lambda i, b, h: (b, h, 0))
   seeds = pl.BlockSpec((4,), lambda i, b, h: (0,))
   stats = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
-  block = [_gpu_block(q_len, GPU_BLOCKS[0]), _gpu_block(k_len, GPU_BLOCKS[0])]
-  back = [_gpu_block(q_len, GPU_BLOCKS[1]), _gpu_block(k_len, GPU_BLOCKS[1])]
+  block = [_gpu_block(q_len, _GPU_BLOCKS[0]), _gpu_block(k_len, _GPU_BLOCKS[0])]
+  back = [_gpu_block(q_len, _GPU_BLOCKS[1]), _gpu_block(k_len, _GPU_BLOCKS[1])]
   shape = (batch, heads, q_len, k_len)
   weights, back_weights = (_computed_weights(shape, *blocks, causal) for blocks in (block, back))
 
@@ -604,7 +611,7 @@ def _flash_gpu_ours(q, k, v, spec, dropout_rate: float, dropout_seeds):
   dropout where dropout_rate > 0; lengths padded to their blocks, head dims to powers of two (at least 16, Triton's
   smallest dot)."""
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
-  q_size, k_size = (_round_up(n, _gpu_block(n, GPU_BLOCKS[0])) for n in (q_len, k_len))
+  q_size, k_size = (_round_up(n, _gpu_block(n, _GPU_BLOCKS[0])) for n in (q_len, k_len))
   head_k, head_v = (max(16, pl.next_power_of_2(d)) for d in (d_k, d_v))
   attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal)
   seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
