@@ -253,7 +253,7 @@ def test_compiled_train_step_with_a_dropout_kernel_matches_reference(implementat
   np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
-def test_causal_dropout_kernels_cost_only_the_tiles_they_compute():
+def test_causal_tpu_dropout_kernel_costs_only_the_tiles_it_computes():
   """flash_tpu's kernel skips the causal tiles above the diagonal, and its cost estimate counts the rest: 15 of 25
   tiles of 128 × 128 for 600 (padded to 640) queries and keys."""
   q, k, v, spec = _case('many_key_blocks')
