@@ -249,7 +249,7 @@ def test_dropout_is_active_in_training_only():
 
 def test_attention_dropout_trains_alike_on_every_path_that_has_it():
   """With attention dropout, 'auto' runs our flash_tpu kernel on a TPU, our flash_gpu kernel on a GPU and the
-  reference on a CPU, and the chunked path serves any choice without dropout; all draw the same dropout bits
+  reference on a CPU, and `chunked` serves a choice that has none (`dot_product`); all draw the same dropout bits
   (`attention_masks.dropout_keep`), so training computes the same loss and gradients."""
   cfg = TINY.replace(attention_dropout=0.2, relu_dropout=0.1, num_encoder_layers=1, num_decoder_layers=1)
   inputs, targets = _tokens(0, (2, 6)), _tokens(1, (2, 7))
