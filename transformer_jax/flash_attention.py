@@ -190,16 +190,24 @@ def _hash_keys(scalars_ref, batch_axis: int):
                                            scalars_ref[3] + pl.program_id(batch_axis + 1)), seeds[1])
 
 
+def _mask_and_bits(hash_keys, q_ids, k_ids, q_pos, k_pos, *, keep: float, causal: bool):
+  """Both backends' kernels: a tile's mask (same segment id; causal: no key after its query) and where attention
+  dropout keeps the weights (None without dropout: keep = 1), from ids and positions that broadcast to the tile."""
+  mask = q_ids == k_ids
+  if causal:
+    mask &= k_pos <= q_pos
+  if keep == 1.0:
+    return mask, None
+  return mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
+
+
 def _tile_scores(hash_keys, q, k, q_ids_ref, k_ids_ref, q_block, k_block, *, keep: float, causal: bool):
   """The grid step's tile of scores [block_q, block_k] (q comes scaled by 1/√d_k), its mask, and where attention
-  dropout keeps the weights."""
+  dropout keeps the weights (positions from 2-D iotas, as Mosaic lays them out)."""
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
   q_pos = q_block * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
   k_pos = k_block * s.shape[1] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-  mask = q_ids_ref[...] == k_ids_ref[...]
-  if causal:
-    mask &= k_pos <= q_pos
-  return s, mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
+  return (s, *_mask_and_bits(hash_keys, q_ids_ref[...], k_ids_ref[...], q_pos, k_pos, keep=keep, causal=causal))
 
 
 def _unless_hidden(causal: bool, q_block, k_block, block_q: int, block_k: int, body, hidden=None):
@@ -438,16 +446,11 @@ def _gpu_block(size: int, block: int) -> int:
 
 def _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, *, keep: float, causal: bool):
   """One tile of scores [rows, keys] (q comes scaled by 1/√d_k), the mask, and where attention dropout keeps the
-  weights (None without dropout: keep = 1)."""
+  weights (None without dropout; positions from 1-D ranges made a column and a row, as Triton builds them)."""
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
   q_pos = (q_start + jnp.arange(q.shape[0], dtype=jnp.int32))[:, None]
   k_pos = (k_start + jnp.arange(k.shape[0], dtype=jnp.int32))[None, :]
-  mask = q_ids[:, None] == k_ids[None, :]
-  if causal:
-    mask &= k_pos <= q_pos
-  if keep == 1.0:
-    return s, mask, None
-  return s, mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
+  return (s, *_mask_and_bits(hash_keys, q_ids[:, None], k_ids[None, :], q_pos, k_pos, keep=keep, causal=causal))
 
 
 def _kept(kept, x):
