@@ -228,11 +228,10 @@ def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
     np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize('implementation', list(DROPOUT_KERNELS))
-def test_compiled_train_step_with_a_dropout_kernel_matches_reference(implementation):
-  """The trainer's way (lower, compile, call the executable) through a kernel with attention dropout: the program
-  takes the state and batch alone (nothing of the kernel's VJP becomes an input) and computes the reference's
-  loss and gradient norm, dropout bits and all."""
+def test_compiled_train_steps_with_the_dropout_kernels_match_reference():
+  """The trainer's way (lower, compile, call the executable) through each kernel with attention dropout: the
+  program takes the state and batch alone (nothing of the kernel's VJP becomes an input) and computes the
+  reference's loss and gradient norm, dropout bits and all."""
   rng = np.random.default_rng(3)
   host_batch = {'inputs': rng.integers(3, 64, (4, 24), dtype=np.int32),
                 'targets': rng.integers(3, 64, (4, 24), dtype=np.int32)}
@@ -249,8 +248,8 @@ def test_compiled_train_step_with_a_dropout_kernel_matches_reference(implementat
 
   expected = step_metrics('reference')
   with flash_attention.interpret_kernels():
-    got = step_metrics(implementation)
-  np.testing.assert_allclose(got, expected, rtol=1e-5)
+    for implementation in DROPOUT_KERNELS:
+      np.testing.assert_allclose(step_metrics(implementation), expected, rtol=1e-5, err_msg=implementation)
 
 
 def test_causal_tpu_dropout_kernel_costs_only_the_tiles_it_computes():
