@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU measurements issue 21 still needs, as one prepared script for a lent device machine (one H100 or H200,
+# no package registry; see the tool library's device README). Two steps:
+#
+#   here, once:  bash bench/gpu_session.sh wheels
+#                  downloads into .whl/ (git-ignored) the pinned packages the device image lacks or holds in
+#                  other versions, as Python 3.12 wheels
+#   there:       run(command="bash bench/gpu_session.sh run", carry=[".whl"], timeout_s=600)
+#                  the GPU tests, then base and big at the paper's batch with torch's dropout placement
+#                  (attention and ReLU dropout 0.1: what `auto` sends to our Triton kernels) against
+#                  torch.compile in one process each; logs and JSON lines under $OUT
+#
+# Each step has its own time limit, so one that hangs leaves the others their time (~9 minutes in all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=(flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.8 grain==0.2.18 array_record==0.8.6 ml_collections==1.1.0
+        portpicker==1.6.0)
+
+wheels() {
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+  ls -l .whl
+}
+
+throughput() {  # SECONDS NAME FLAGS...: one bench.train_throughput process, its JSON lines and table kept
+  local seconds=$1 name=$2
+  shift 2
+  echo "== $name: bench.train_throughput $*"
+  timeout "$seconds" python3 -m bench.train_throughput --gpu_paper_batch --malloc=system --warmup=2 --pipelined "$@" \
+    2>&1 | tee "$out/$name.log"
+}
+
+run() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+  out=${OUT:-/tmp/gpu_session}
+  mkdir -p "$out"
+  python3 -c "import jax, flax, optax, orbax.checkpoint, grain, ml_collections, torch
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__)
+print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$out/versions.log"
+  git log -1 --format='code: %h %s' 2>/dev/null | tee -a "$out/versions.log"
+
+  echo "== tests/test_gpu.py"
+  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/test_gpu.log"
+  local dropout='attention=auto,attention_dropout=0.1,relu_dropout=0.1'
+  throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
+  throughput 220 big_dropout --configs=big --impls=ours,torch_compile --rounds=2 --steps=4 --override="$dropout"
+}
+
+case "${1:-}" in
+  wheels) wheels ;;
+  run) run ;;
+  *) echo "usage: bash bench/gpu_session.sh wheels|run" >&2; exit 2 ;;
+esac
