@@ -251,7 +251,7 @@ def test_attention_dropout_trains_alike_in_chunked_and_reference():
   """With attention dropout, 'auto' runs our flash_tpu kernel on a TPU, our flash_gpu kernel on a GPU and the
   reference on a CPU, and `chunked` serves a choice that has none (`dot_product`); all draw the same dropout bits
   (`attention_masks.dropout_keep`), so training computes the same loss and gradients. The kernels' loss and
-  gradients in a train step: tests/test_flash_attention.py (`test_compiled_train_steps_with_the_dropout_kernels_...`)."""
+  gradients in a train step: tests/test_flash_attention.py (`test_compiled_train_steps_with_the_dropout_...`)."""
   cfg = TINY.replace(attention_dropout=0.2, relu_dropout=0.1, num_encoder_layers=1, num_decoder_layers=1)
   inputs, targets = _tokens(0, (2, 6)), _tokens(1, (2, 7))
   _, params = _init(cfg, inputs, targets)
