@@ -109,12 +109,12 @@ def test_zero1_keeps_the_backward_pass_in_the_parameters_layout():
 @pytest.mark.slow
 def test_a_scanned_stack_counts_every_layer():
   """XLA's cost analysis counts a loop body once, and the TPU program of a scan keeps no trip count: the analysis
-  counts each layer's run, so three scanned layers per side cost about what three unrolled ones do."""
-  analyses = {scan: aot.analyze_train_step(small_config('data', num_encoder_layers=3, num_decoder_layers=3,
+  counts each layer's run, so two scanned layers per side cost about what two unrolled ones do."""
+  analyses = {scan: aot.analyze_train_step(small_config('data', num_encoder_layers=2, num_decoder_layers=2,
                                                         scan_layers=scan), TOPOLOGY) for scan in (False, True)}
   scanned, unrolled = analyses[True], analyses[False]
-  assert scanned.flops * scanned.num_chips >= scanned.model_flops  # two of three layers' FLOPs were missing
-  assert scanned.flops == pytest.approx(unrolled.flops, rel=0.05)
+  assert scanned.flops * scanned.num_chips >= scanned.model_flops
+  assert scanned.flops == pytest.approx(unrolled.flops, rel=0.05)  # without the second layer's run: 55%
   assert scanned.bytes_accessed >= 0.8 * unrolled.bytes_accessed
 
 @pytest.mark.slow
