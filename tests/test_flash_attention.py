@@ -175,10 +175,14 @@ def test_cached_decoding_falls_back_to_reference():
                                   attention.attend(q, k, v, spec, implementation='reference'))
 
 
-def test_kernel_on_a_cpu_without_interpret_mode_is_an_error():
+@pytest.mark.parametrize('implementation,platform', [('flash_tpu', 'TPU'), ('flash_gpu', 'GPU')])
+def test_a_kernel_on_a_cpu_without_interpret_mode_is_one_line_naming_the_choices(implementation, platform):
   q, k, v, spec = _case('padding')
-  with pytest.raises(ValueError, match='Only interpret mode is supported on CPU'):
-    attention.attend(q, k, v, spec, implementation='flash_tpu')
+  with pytest.raises(ValueError) as error:
+    attention.attend(q, k, v, spec, implementation=implementation)
+  assert str(error.value) == (
+      f"model.attention='{implementation}' is a {platform} kernel, and this step is compiled for CPU devices: set "
+      "model.attention='auto' (the fastest this platform has) or one of ('reference', 'dot_product', 'chunked').")
 
 
 def _packed_batch():

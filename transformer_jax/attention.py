@@ -159,7 +159,19 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
     return 'chunked'
   if implementation == 'dot_product' and q.shape[-1] != v.shape[-1]:
     return 'reference'
+  _check_kernel_platform(implementation)
   return implementation
+
+
+def _check_kernel_platform(implementation: str) -> None:
+  """A flash kernel compiles only for its own platform (a CPU runs it in `flash_attention.interpret_kernels`):
+  elsewhere, one line that says what to choose instead of Pallas's own error."""
+  platforms = [platform for platform, kernel in _AUTO.items() if kernel == implementation]
+  platform = sharding.target_platform()
+  if platforms and platform not in platforms and not flash_attention.interpreting():
+    raise ValueError(f'model.attention={implementation!r} is a {platforms[0].upper()} kernel, and this step is compiled '
+                     f'for {platform.upper()} devices: set model.attention=\'auto\' (the fastest this platform has) or '
+                     f'one of {tuple(name for name in IMPLEMENTATIONS if name not in _AUTO.values())}.')
 
 
 def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', chunk_size=512, dropout_rate=0.0,

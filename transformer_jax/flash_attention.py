@@ -40,6 +40,11 @@ def interpret_kernels():
     _INTERPRET.reset(token)
 
 
+def interpreting() -> bool:
+  """Whether attention traced now runs the kernels in interpret mode (inside `interpret_kernels`)."""
+  return _INTERPRET.get()
+
+
 def _segment_ids(valid, segment, pad_id):
   ids = jnp.zeros(valid.shape, jnp.int32) if segment is None else segment.astype(jnp.int32)
   return jnp.where(valid, ids, pad_id)

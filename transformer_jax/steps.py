@@ -65,7 +65,8 @@ def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules, *, s
   """Shapes and NamedShardings of the train state, computed without allocating it; `shard_optimizer`
   (`mesh.shard_optimizer` as `sharding.shards_optimizer` resolves it): the optimizer state split over the data
   axis too (`sharding.optimizer_shardings`)."""
-  boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
+  with sharding.activate(mesh, rules):  # traced for the mesh's platform (`attention.serving`'s choices)
+    boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   if shard_optimizer:
     shardings = shardings.replace(opt_state=sharding.optimizer_shardings(boxed.opt_state, mesh, rules))
@@ -75,7 +76,8 @@ def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules, *, s
 def abstract_params(model: nn.Module, mesh, rules):
   """The params' shapes with their NamedShardings on `mesh` (what a checkpoint's params restore onto)."""
   inputs = model_lib.init_inputs(model.config, (1, 2))
-  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs)['params'])
+  with sharding.activate(mesh, rules):
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), **inputs)['params'])
   return _with_shardings(boxed, sharding.logical_shardings(boxed, mesh, rules))
 
 
