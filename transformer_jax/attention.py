@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention_masks
+from transformer_jax import cpu_backend
 from transformer_jax import flash_attention
 from transformer_jax import sharding
 from transformer_jax.attention_masks import NEG
@@ -30,7 +31,7 @@ def dropout_scale(seeds, rate: float, q_start, k_start, shape) -> jax.Array:
 
 def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None, return_weights=False):
   """softmax(QK^T/sqrt(d_k))V with einsums, softmax in float32 (§3.2.1); optionally returns the weights."""
-  scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+  scores = cpu_backend.einsum_f32('bqhd,bkhd->bhqk', q, k)
   scores = scores / math.sqrt(q.shape[-1])
   mask = attention_masks.full_mask(spec)
   scores = jnp.where(mask, scores, NEG)
@@ -86,7 +87,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
       m, l, acc = carry
       k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, ck, axis=1)
       v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, ck, axis=1)
-      s = jnp.einsum('bqhd,bkhd->bhqk', q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+      s = cpu_backend.einsum_f32('bqhd,bkhd->bhqk', q_blk, k_blk) * scale
       mask = attention_masks.mask_block(spec, q_start, cq, k_start, ck)
       s = jnp.where(mask, s, NEG)
       m_new = jnp.maximum(m, s.max(axis=-1))
@@ -95,7 +96,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
       l = l * correction + p.sum(axis=-1)
       if dropping:
         p = p * dropout_scale(dropout_seeds, dropout_rate, q_start, k_start, p.shape)
-      pv = jnp.einsum('bhqk,bkhd->bqhd', p.astype(v.dtype), v_blk, preferred_element_type=jnp.float32)
+      pv = cpu_backend.einsum_f32('bhqk,bkhd->bqhd', p.astype(v.dtype), v_blk)
       acc = acc * jnp.swapaxes(correction, 1, 2)[..., None] + pv
       return (m_new, l, acc), None
 

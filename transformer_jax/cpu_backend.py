@@ -8,6 +8,9 @@ from a quarter of bernoulli's random work. The pre-softmax layer and the loss ha
 one implementation on every backend, `loss.token_sums`, whose gradient contracts in the layout-friendly order.
 Measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps the projections' backward
 pass to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.
+
+One piece is not a speed-up and not optional: `einsum_f32`, the products with float32 results from bf16 or f16
+operands, which XLA:CPU cannot run as such.
 """
 
 import ctypes
@@ -33,6 +36,16 @@ def enabled(setting: str) -> bool:
   if setting not in CPU_KERNELS:
     raise ValueError(f'model.cpu_kernels={setting!r} is not one of {CPU_KERNELS}.')
   return setting == 'on' or (setting == 'auto' and sharding.target_platform() == 'cpu')
+
+
+def einsum_f32(subscripts: str, a, b):
+  """`jnp.einsum` of compute-dtype operands with float32 accumulation and result. XLA:CPU has no product of bf16 or
+  f16 operands with a float32 result (the step fails when it runs), so a step traced for a CPU casts the operands
+  to float32 first: the same products exactly (a bf16 or f16 product fits float32's mantissa), and gradients that
+  are float32 products too. On accelerators the operands stay in their dtype."""
+  if sharding.target_platform() == 'cpu':
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
 
 
 # --------------------------------------------------------------------------------------- projections

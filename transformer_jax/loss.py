@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import cpu_backend
+
 
 def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
   """(gold, other): the smoothed target's probability of the gold token and of each other token."""
@@ -93,8 +95,8 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
       if bias is not None:
         d_bias += jnp.sum(grad, axis=(0, 1))
       grad = grad.astype(hidden.dtype)
-      g_t += jnp.einsum('bcd,bcv->dv', chunk, grad, preferred_element_type=jnp.float32)
-      dy.append(jnp.einsum('bcv,vd->bcd', grad, weights, preferred_element_type=jnp.float32))
+      g_t += cpu_backend.einsum_f32('bcd,bcv->dv', chunk, grad)
+      dy.append(cpu_backend.einsum_f32('bcv,vd->bcd', grad, weights))
   if not with_gradients:
     return tuple(sums)
   return tuple(sums), (g_t.T, jnp.concatenate(dy, axis=1), d_bias)
