@@ -17,8 +17,19 @@ from transformer_jax import attention_masks
 from transformer_jax import sharding
 from transformer_jax import steps
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs a GPU (JAX_PLATFORMS=cuda)')]
+
+def _why_not_here() -> str | None:
+  """Why these tests cannot run in this process, or None on a GPU. With JAX_PLATFORMS=cuda and no GPU (or no CUDA
+  plugin), starting JAX fails: jax raises, or asserts where no backend started at all."""
+  try:
+    backend = jax.default_backend()
+  except (RuntimeError, AssertionError) as error:
+    return f'JAX started no GPU backend ({type(error).__name__}: {error})'
+  return None if backend == 'gpu' else f'needs a GPU (JAX_PLATFORMS=cuda); JAX runs on {backend}'
+
+
+_WHY_NOT = _why_not_here()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or '')]
 
 
 def test_cudnn_fused_attention_agrees_with_the_reference():
