@@ -9,8 +9,8 @@ one implementation on every backend, `loss.token_sums`, whose gradient contracts
 Measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps the projections' backward
 pass to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.
 
-One piece is not a speed-up and not optional: `einsum_f32`, the products with float32 results from bf16 or f16
-operands, which XLA:CPU cannot run as such.
+One piece is not a speed-up and not optional: `einsum_f32`, the products with float32 results from compute-dtype
+operands, which XLA:CPU cannot run for bf16 ones.
 """
 
 import ctypes
@@ -39,10 +39,10 @@ def enabled(setting: str) -> bool:
 
 
 def einsum_f32(subscripts: str, a, b):
-  """`jnp.einsum` of compute-dtype operands with float32 accumulation and result. XLA:CPU has no product of bf16 or
-  f16 operands with a float32 result (the step fails when it runs), so a step traced for a CPU casts the operands
-  to float32 first: the same products exactly (a bf16 or f16 product fits float32's mantissa), and gradients that
-  are float32 products too. On accelerators the operands stay in their dtype."""
+  """`jnp.einsum` of compute-dtype operands with float32 accumulation and result. XLA:CPU has no product of bf16
+  operands with a float32 result (the step fails when it runs), so a step traced for a CPU casts the operands to
+  float32 first (f16 ones too, for one rule): the same products exactly (a bf16 or f16 product fits float32's
+  mantissa), and gradients that are float32 products too. On accelerators the operands stay in their dtype."""
   if sharding.target_platform() == 'cpu':
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
   return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
