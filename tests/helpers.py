@@ -25,7 +25,7 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import sharding, steps
+from transformer_jax import run_builder, sharding, steps
 from transformer_jax.model import init_inputs, make_model
 from transformer_jax.workdir import Workdir
 
@@ -391,3 +391,19 @@ class EntryPoints:
   def close(self):
     self._server.stdin.close()
     self._server.wait(timeout=60)
+
+
+def small_step_loss_and_grad_norm(**model) -> np.ndarray:
+  """[loss, gradient norm] of one train step as the trainer runs it (`run_builder`, lowered, compiled and called on
+  one device) for a 1+1-layer model of width 32 with the `model` settings, on a fixed random batch of 4 × 24."""
+  rng = np.random.default_rng(3)
+  host_batch = {'inputs': rng.integers(3, 64, (4, 24), dtype=np.int32),
+                'targets': rng.integers(3, 64, (4, 24), dtype=np.int32)}
+  config = config_lib.base_config()
+  config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                      max_len=32, **model)
+  run = run_builder.build(config, jax.devices()[:1])
+  state, batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
+  with run.activate():
+    _, metrics = run.train_step.lower(state, batch).compile()(state, batch)
+  return np.array([metrics['loss'], metrics['grad_norm']])

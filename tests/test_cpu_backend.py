@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import aot, checkpoint, cpu_backend, hlo_costs, metrics, run_builder, sharding
-from transformer_jax import config as config_lib
+from transformer_jax import aot, checkpoint, cpu_backend, hlo_costs, metrics
 from transformer_jax import model as model_lib
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -36,20 +35,8 @@ def test_a_bf16_train_step_runs_on_a_cpu_and_follows_float32(attention):
   """XLA:CPU cannot run a product of bf16 operands with a float32 result, which attention's scores and the loss's
   gradient products ask for: `cpu_backend.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it
   failed at run time) and its loss and gradient norm are float32's within five of bf16's roundings (2^-8 each)."""
-  rng = np.random.default_rng(4)
-  host_batch = {'inputs': rng.integers(3, 64, (4, 24), dtype=np.int32),
-                'targets': rng.integers(3, 64, (4, 24), dtype=np.int32)}
-
-  def step_metrics(dtype):
-    config = config_lib.base_config()
-    config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                        max_len=32, attention=attention, attention_chunk_size=8, attention_dropout=0.1, dtype=dtype)
-    run = run_builder.build(config, jax.devices()[:1])
-    state, batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
-    with run.activate():
-      _, metrics_ = run.train_step(state, batch)
-    return np.array([metrics_['loss'], metrics_['grad_norm']])
-
+  step_metrics = lambda dtype: helpers.small_step_loss_and_grad_norm(attention=attention, attention_chunk_size=8,
+                                                                     attention_dropout=0.1, dtype=dtype)
   np.testing.assert_allclose(step_metrics('bfloat16'), step_metrics('float32'), rtol=5 * 2.0**-8)
 
 

@@ -10,12 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from transformer_jax import attention
 from transformer_jax import attention_masks
-from transformer_jax import config as config_lib
 from transformer_jax import flash_attention
-from transformer_jax import run_builder
-from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.sections import mesh as mesh_section
@@ -236,20 +234,8 @@ def test_compiled_train_steps_with_the_dropout_kernels_match_reference():
   """The trainer's way (lower, compile, call the executable) through each kernel with attention dropout: the
   program takes the state and batch alone (nothing of the kernel's VJP becomes an input) and computes the
   reference's loss and gradient norm, dropout bits and all."""
-  rng = np.random.default_rng(3)
-  host_batch = {'inputs': rng.integers(3, 64, (4, 24), dtype=np.int32),
-                'targets': rng.integers(3, 64, (4, 24), dtype=np.int32)}
-
-  def step_metrics(attention_impl):
-    config = config_lib.base_config()
-    config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1,
-                        num_decoder_layers=1, max_len=32, attention=attention_impl, attention_dropout=0.3)
-    run = run_builder.build(config, jax.devices()[:1])
-    state, batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
-    with run.activate():
-      _, metrics = run.train_step.lower(state, batch).compile()(state, batch)
-    return np.array([metrics['loss'], metrics['grad_norm']])
-
+  step_metrics = lambda implementation: helpers.small_step_loss_and_grad_norm(attention=implementation,
+                                                                             attention_dropout=0.3)
   expected = step_metrics('reference')
   with flash_attention.interpret_kernels():
     for implementation in DROPOUT_KERNELS:
