@@ -49,6 +49,30 @@ def test_cudnn_fused_attention_agrees_with_the_reference():
     np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(reference)[rows], atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize('head_dim', [8, 64])
+def test_flash_gpu_self_attention_agrees_in_bf16_at_any_head_dim(head_dim):
+  """jax's Pallas `mha` (padded self-attention) in bf16, outputs and gradients: with 8-wide heads passed as they
+  are, its results were off by half their size; `flash_gpu_attention` pads heads to 16."""
+  rng = np.random.default_rng(2)
+  valid = jnp.asarray(np.arange(32)[None] < rng.integers(16, 33, size=4)[:, None])
+  spec = attention_masks.MaskSpec.self_attention(valid, valid.astype(jnp.int32), causal=True)
+  q, k, v = (jnp.asarray(rng.normal(size=(4, 32, 2, head_dim)), jnp.bfloat16) for _ in range(3))
+  cotangent = jnp.asarray(rng.normal(size=(4, 32, 2, head_dim)), jnp.float32) * valid[:, :, None, None]
+
+  def run(implementation, *qkv):
+    out, vjp = jax.vjp(lambda *x: attention.attend(*x, spec, implementation=implementation).astype(jnp.float32), *qkv)
+    return out, *vjp(cotangent)
+
+  assert 'mha_forward' in str(jax.make_jaxpr(lambda: run('flash_gpu', q, k, v))())  # jax's kernel, not ours
+  got = jax.jit(lambda: run('flash_gpu', q, k, v))()
+  with jax.default_matmul_precision('highest'):
+    want = jax.jit(lambda: run('reference', *(x.astype(jnp.float32) for x in (q, k, v))))()
+  rows = np.asarray(valid)
+  for name, g, w in zip(('out', 'dq', 'dk', 'dv'), got, want):
+    g, w = np.asarray(g, np.float32)[rows], np.asarray(w, np.float32)[rows]
+    assert np.abs(g - w).max() <= 2e-2 * np.abs(w).max(), name  # bf16 inputs: ~4 roundings of 2^-8
+
+
 def test_triton_dropout_kernels_agree_with_the_reference():
   """Compiled by Triton (no interpret mode): the reference's dropout bits, outputs and gradients, self-attention
   (causal, packed segments) and cross-attention (padded rows, d_k != d_v)."""

@@ -412,7 +412,8 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   That kernel takes ONE segment-id array for queries and keys alike, so it serves self-attention whose mask
   is statically known to describe both sides the same way (`MaskSpec.sides_match`); padding becomes a segment
   id of its own there (padding queries see padding keys; their outputs are zeroed). Lengths are padded to the
-  kernel's blocks (a power of two from 16 to 128, then multiples of 128), head dims to max(d_k, d_v). Everything
+  kernel's blocks (a power of two from 16 to 128, then multiples of 128), head dims to max(16, d_k, d_v) (with
+  head dims under 16 its bf16 results were wrong on an H100: bench/RESULTS.md). Everything
   else — cross-attention, sides whose masks may differ, attention dropout (`dropout_seeds`) — runs our kernels
   (`_flash_gpu_ours`), which take query and key segment ids apart.
   """
@@ -426,7 +427,7 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   from jax.experimental.pallas.ops.gpu import attention as gpu_flash  # pylint: disable=g-import-not-at-top
   length, d_k, d_v = q.shape[1], q.shape[-1], v.shape[-1]
   size = max(16, 1 << (length - 1).bit_length()) if length <= 128 else _round_up(length, 128)
-  head = max(d_k, d_v)
+  head = max(16, d_k, d_v)
   interpret = _INTERPRET.get()
 
   def kernel(q, k, v, ids, _):
