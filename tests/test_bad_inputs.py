@@ -183,6 +183,7 @@ def test_evaluation_falls_back_from_a_damaged_latest_checkpoint_and_keeps_it(tra
   assert restoring.restore(config, workdir, average_last=2).steps == [2, 4]  # the newest two that restore
   with pytest.raises(ValueError) as error:  # an explicitly asked-for step is not replaced by another
     restoring.restore(config, workdir, step=6)
+  assert str(error.value).startswith(f'checkpoint step 6 in {Workdir(workdir).checkpoints} does not restore (')
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == digest  # nothing deleted or rewritten
 
 
