@@ -6,6 +6,7 @@ as ArrayRecord files in a temp dir and `load_split` reads back by name.
 """
 
 import logging
+import socket
 
 import numpy as np
 import pytest
@@ -35,6 +36,23 @@ class TransformerJaxTinyTranslate(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, pairs):
     for i, (en, de) in enumerate(pairs):
       yield i, {'en': en, 'de': de}
+
+
+class TransformerJaxUnreachable(tfds.core.GeneratorBasedBuilder):
+  """Registers as 'transformer_jax_unreachable/de-en' (a config, as wmt14_translate has): its one file is at URL,
+  which a test points where nothing listens."""
+  VERSION = tfds.core.Version('1.0.0')
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name='de-en')]
+  URL = 'http://127.0.0.1:9/pairs.tsv'
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(languages=['de', 'en']))
+
+  def _split_generators(self, dl_manager):
+    return {'train': self._generate_examples(dl_manager.download(self.URL))}
+
+  def _generate_examples(self, path):
+    yield 0, {'en': path.read_text(), 'de': ''}
 
 
 def _config(**fields):
@@ -213,6 +231,37 @@ def test_tfds_prepared_dataset_end_to_end(tmp_path):
   with pytest.raises(ValueError,
                      match=r"cannot read split 'test' .*splits: \['train', 'validation'\]"):
     sources.load_split(config, 'test')
+
+
+def test_prepare_that_cannot_download_says_what_to_do_and_leaves_the_data_dir_as_it_was(tmp_path, monkeypatch):
+  """Offline, tfds' requests error (after ~3.5 minutes of retries, cut here to one try) becomes one line with the
+  command for a machine with internet; what the build had begun goes, what was there before stays."""
+  from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(downloader, 'MAX_RETRIES', 0)
+  for name in ('http_proxy', 'HTTP_PROXY', 'all_proxy', 'ALL_PROXY'):
+    monkeypatch.delenv(name, raising=False)
+  with socket.socket() as unused:  # a port nothing listens on: the connection is refused at once
+    unused.bind(('127.0.0.1', 0))
+    url = f'http://127.0.0.1:{unused.getsockname()[1]}/pairs.tsv'
+  monkeypatch.setattr(TransformerJaxUnreachable, 'URL', url)
+  earlier = [tmp_path / 'downloads' / 'finished.tsv', tmp_path / 'downloads' / 'old.tsv.tmp.0123',
+             tmp_path / 'transformer_jax_unreachable' / 'de-en' / '0.9.0' / 'dataset_info.json']
+  for path in earlier:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('kept')
+  before = sorted(tmp_path.rglob('*'))
+
+  with pytest.raises(OSError) as error:
+    prepare_tfds.prepare('transformer_jax_unreachable/de-en', str(tmp_path))
+  assert str(error.value) == (
+      f'cannot download transformer_jax_unreachable/de-en: {url} is out of reach (NewConnectionError). Run this on a '
+      f'machine with internet, then copy {tmp_path} to this one: '
+      f'{sources.prepare_command("transformer_jax_unreachable/de-en", str(tmp_path))}')
+  assert sorted(tmp_path.rglob('*')) == before
+  assert all(path.read_text() == 'kept' for path in earlier)
+  with pytest.raises(OSError, match='cannot download'):  # a data directory the build made goes too
+    prepare_tfds.prepare('transformer_jax_unreachable/de-en', str(tmp_path / 'new'))
+  assert sorted(tmp_path.rglob('*')) == before
 
 
 def test_tfds_not_prepared_says_how_to_prepare(tmp_path):
