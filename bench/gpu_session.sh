@@ -8,10 +8,11 @@
 #   there:       run(command="bash bench/gpu_session.sh run", carry=[".whl"], timeout_s=600)
 #                  the GPU tests, then base and big at the paper's batch with torch's dropout placement
 #                  (attention and ReLU dropout 0.1: what `auto` sends to our Triton kernels) against
-#                  torch.compile in one process each; logs and JSON lines under $OUT
+#                  torch.compile in one process each; logs and JSON lines under $OUT; then, in the time left,
+#                  base's dropout step by model part (bench.step_profile; CUDA graphs off so kernels name their ops)
 #
-# Each step has its own time limit, so one that hangs leaves the others their time (~9.5 minutes in all); base
-# without attention dropout runs last, in what is left.
+# Each step has its own time limit, so one that hangs leaves the others their time (~9.5 minutes in all); the
+# profile runs last, in what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,8 +52,12 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   local dropout='attention=auto,attention_dropout=0.1,relu_dropout=0.1'
   throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
   throughput 220 big_dropout --configs=big --impls=ours,torch_compile --rounds=2 --steps=4 --override="$dropout"
-  local left=$((570 - SECONDS))  # what the call's 600 s leave: base without attention dropout (cuDNN), for MFU
-  if (( left > 60 )); then throughput "$left" base_cudnn --configs=base --impls=ours --rounds=2 --steps=5; fi
+  local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
+  if (( left > 90 )); then
+    throughput "$((left - 20))" base_dropout_profile --configs=base --impls=ours --rounds=1 --steps=2 \
+      --override="$dropout" --profile_dir=/tmp/profile --xla_flags=--xla_gpu_enable_command_buffer=
+    timeout 20 python3 -m bench.step_profile /tmp/profile/base_ours --steps=3 2>&1 | tee "$out/base_dropout_parts.log"
+  fi
 }
 
 case "${1:-}" in
