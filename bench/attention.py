@@ -1,8 +1,11 @@
 """Attention implementations compared: forward+backward time and peak memory per sequence length.
 
-For each length L the three implementations of `transformer_jax.attention.attend` ('reference',
-'dot_product', 'chunked') get q, k, v of shape [batch, L, heads, d_k] (float32) with a causal + padding mask
-(the last L/8 positions are padding), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v.
+For each length L the implementations of `transformer_jax.attention.attend` (by default 'reference',
+'dot_product', 'chunked'; the flash kernels on their platform) get q, k, v of shape [batch, L, heads, d_k]
+(`--dtype`) with a causal + padding mask (the last L/8 positions are padding; with `--packed=N` the rest holds
+N packed segments), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v. `--sides=separate`
+gives keys their own (equal) mask arrays, as cross-attention has: `flash_gpu` then runs our Triton kernels
+instead of jax's, which serve only masks known to be shared.
 
 Peak memory is XLA's compiled memory analysis of that jitted function — temp buffers + arguments + outputs
 (− aliased bytes): the buffer assignment's worst case, deterministic and independent of the machine and its
@@ -10,6 +13,9 @@ load (it is what XLA will allocate; it does not include the Python process or th
 median of a few calls after a warm-up call, the implementations taking turns within each length.
 
 Example (repository root):  python -m bench.attention --lengths=512,1024,2048,4096,8192
+On a GPU, jax's kernel against ours on packed rows (two runs):
+  python -m bench.attention --lengths=128,512,2048 --dtype=bfloat16 --packed=4 --implementations=flash_gpu,dot_product
+  ... the same with --sides=separate
 """
 
 import argparse
@@ -26,11 +32,21 @@ from transformer_jax import attention_masks
 IMPLEMENTATIONS = ('reference', 'dot_product', 'chunked')
 
 
-def make_inputs(length, batch, heads, d_k, seed=0):
+def make_inputs(length, batch, heads, d_k, dtype='float32', packed=0, shared_sides=True, seed=0):
+  """q, k, v and a causal mask: the last L/8 positions padding, the rest one row or `packed` equal segments."""
   rng = np.random.default_rng(seed)
-  q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, d_k)), jnp.float32) for _ in range(3))
-  valid = jnp.broadcast_to(jnp.arange(length)[None] < length - length // 8, (batch, length))
-  return q, k, v, attention_masks.MaskSpec(q_valid=valid, kv_valid=valid, causal=True)
+  q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, d_k)), dtype) for _ in range(3))
+  real = length - length // 8
+  valid = jnp.broadcast_to(jnp.arange(length)[None] < real, (batch, length))
+  segment = None
+  if packed:
+    per_segment = max(1, real // packed)
+    segment = jnp.broadcast_to(jnp.where(valid[0], jnp.minimum(jnp.arange(length) // per_segment, packed - 1) + 1, 0),
+                               (batch, length)).astype(jnp.int32)
+  if shared_sides:
+    return q, k, v, attention_masks.MaskSpec.self_attention(valid, segment, causal=True)
+  return q, k, v, attention_masks.MaskSpec(q_valid=valid, kv_valid=jnp.array(valid), q_segment=segment,
+                                           kv_segment=None if segment is None else jnp.array(segment), causal=True)
 
 
 def forward_backward(implementation, spec, chunk_size):
@@ -62,6 +78,10 @@ def main(argv=None):
   p.add_argument('--heads', type=int, default=8)
   p.add_argument('--d_k', type=int, default=64)
   p.add_argument('--chunk_size', type=int, default=512)
+  p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32')
+  p.add_argument('--packed', type=int, default=0, help='packed segments per row (0: one sequence per row)')
+  p.add_argument('--sides', choices=('shared', 'separate'), default='shared',
+                 help="'separate': keys get their own copy of the mask arrays (flash_gpu then runs our kernels)")
   p.add_argument('--repeats', type=int, default=5, help='timed calls per implementation (after one warm-up)')
   p.add_argument('--seconds_per_length', type=float, default=60.0,
                  help='fewer repeats (at least 2) when the warm-up calls say a length would take longer')
@@ -69,14 +89,19 @@ def main(argv=None):
                  help='report memory but do not run a compiled function whose peak exceeds this (GiB)')
   args = p.parse_args(argv)
   impls = [x for x in args.implementations.split(',') if x]
+  unknown = [x for x in impls if x not in attention.IMPLEMENTATIONS]
+  if unknown:
+    p.error(f'unknown implementations {unknown}: choose from {sorted(attention.IMPLEMENTATIONS)}')
   info = common.machine()
   info.update(backend=jax.default_backend(), jax=jax.__version__)
+  mask = 'causal+padding(L/8)' + (f'+{args.packed} segments' if args.packed else '')
   common.emit({'bench': 'attention', 'machine': info, 'batch': args.batch, 'heads': args.heads, 'd_k': args.d_k,
-               'chunk_size': args.chunk_size, 'dtype': 'float32', 'mask': 'causal+padding(L/8)'})
+               'chunk_size': args.chunk_size, 'dtype': args.dtype, 'mask': mask, 'sides': args.sides})
 
   results = {}
   for length in common.parse_ints(args.lengths):
-    q, k, v, spec = make_inputs(length, args.batch, args.heads, args.d_k)
+    q, k, v, spec = make_inputs(length, args.batch, args.heads, args.d_k, args.dtype, args.packed,
+                                args.sides == 'shared')
     compiled, memory, times, warm = {}, {}, {}, {}
     for impl in impls:
       start = time.perf_counter()
