@@ -412,10 +412,10 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   That kernel takes ONE segment-id array for queries and keys alike, so it serves self-attention whose mask
   is statically known to describe both sides the same way (`MaskSpec.sides_match`); padding becomes a segment
   id of its own there (padding queries see padding keys; their outputs are zeroed). Lengths are padded to the
-  kernel's blocks (a power of two from 16 to 128, then multiples of 128), head dims to max(16, d_k, d_v) (with
-  head dims under 16 its bf16 results were wrong on an H100: bench/RESULTS.md). Everything
-  else — cross-attention, sides whose masks may differ, attention dropout (`dropout_seeds`) — runs our kernels
-  (`_flash_gpu_ours`), which take query and key segment ids apart.
+  kernel's blocks (a power of two from 16 to 128, then multiples of 128), head dims as for our kernels
+  (`_triton_head`; given 8-wide heads as they were, its bf16 results were wrong on an H100: bench/RESULTS.md).
+  Everything else — cross-attention, sides whose masks may differ, attention dropout (`dropout_seeds`) — runs
+  our kernels (`_flash_gpu_ours`), which take query and key segment ids apart.
   """
   platform = sharding.target_platform()
   if platform not in ('gpu', 'cuda', 'rocm', 'cpu'):
@@ -427,7 +427,7 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   from jax.experimental.pallas.ops.gpu import attention as gpu_flash  # pylint: disable=g-import-not-at-top
   length, d_k, d_v = q.shape[1], q.shape[-1], v.shape[-1]
   size = max(16, 1 << (length - 1).bit_length()) if length <= 128 else _round_up(length, 128)
-  head = max(16, d_k, d_v)
+  head = _triton_head(max(d_k, d_v))
   interpret = _INTERPRET.get()
 
   def kernel(q, k, v, ids, _):
@@ -444,6 +444,11 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
 # query and key segment ids apart, attention dropout's bits drawn inside
 
 _GPU_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
+
+
+def _triton_head(d: int) -> int:
+  """A head dim padded for a Triton kernel: a power of two, at least 16 (Triton's smallest bf16 dot)."""
+  return max(16, pl.next_power_of_2(d))
 
 
 def _gpu_block(size: int, block: int) -> int:
@@ -617,11 +622,10 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool)
 
 def _flash_gpu_ours(q, k, v, spec, dropout_rate: float, dropout_seeds):
   """flash_gpu's own kernels (`_gpu_attention`), for self- and cross-attention at any length, with attention
-  dropout where dropout_rate > 0; lengths padded to their blocks, head dims to powers of two (at least 16, Triton's
-  smallest dot)."""
+  dropout where dropout_rate > 0; lengths padded to their blocks, head dims by `_triton_head`."""
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size = (_round_up(n, _gpu_block(n, _GPU_BLOCKS[0])) for n in (q_len, k_len))
-  head_k, head_v = (max(16, pl.next_power_of_2(d)) for d in (d_k, d_v))
+  head_k, head_v = _triton_head(d_k), _triton_head(d_v)
   attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal)
   seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
   out = _dropout_per_device(
