@@ -18,7 +18,6 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
-from transformer_jax import sharding
 
 # The segment id of padding, queries and keys alike: padding queries then attend to padding keys, and their
 # outputs are zeroed (`attention_masks.any_key`) like every query's that may attend to nothing.
@@ -144,10 +143,6 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   that elsewhere). With attention dropout (`dropout_seeds`, `attention_masks.dropout_seeds`): our kernel
   (`_flash_tpu_dropout`).
   """
-  platform = sharding.target_platform()
-  if platform not in ('tpu', 'cpu'):
-    raise ValueError(f"model.attention='flash_tpu' is the TPU kernel; on {platform} use 'flash_gpu' or "
-                     "'dot_product'.")
   if dropout_rate > 0.0 and dropout_seeds is not None:
     return _flash_tpu_dropout(q, k, v, spec, dropout_rate, dropout_seeds)
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # pylint: disable=g-import-not-at-top
@@ -417,10 +412,6 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   Everything else — cross-attention, sides whose masks may differ, attention dropout (`dropout_seeds`) — runs
   our kernels (`_flash_gpu_ours`), which take query and key segment ids apart.
   """
-  platform = sharding.target_platform()
-  if platform not in ('gpu', 'cuda', 'rocm', 'cpu'):
-    raise ValueError(f"model.attention='flash_gpu' is the GPU kernel; on {platform} use 'flash_tpu' or "
-                     "'dot_product'.")
   dropout = dropout_rate > 0.0 and dropout_seeds is not None
   if dropout or not (spec.sides_match and q.shape[1] == k.shape[1]):
     return _flash_gpu_ours(q, k, v, spec, dropout_rate if dropout else 0.0, dropout_seeds)
