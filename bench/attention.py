@@ -3,9 +3,7 @@
 For each length L the implementations of `transformer_jax.attention.attend` (by default 'reference',
 'dot_product', 'chunked'; the flash kernels on their platform) get q, k, v of shape [batch, L, heads, d_k]
 (`--dtype`) with a causal + padding mask (the last L/8 positions are padding; with `--packed=N` the rest holds
-N packed segments), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v. `--sides=separate`
-gives keys their own (equal) mask arrays, as cross-attention has: `flash_gpu` then runs our Triton kernels
-instead of jax's, which serve only masks known to be shared.
+N packed segments), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v.
 
 Peak memory is XLA's compiled memory analysis of that jitted function — temp buffers + arguments + outputs
 (− aliased bytes): the buffer assignment's worst case, deterministic and independent of the machine and its
@@ -13,9 +11,8 @@ load (it is what XLA will allocate; it does not include the Python process or th
 median of a few calls after a warm-up call, the implementations taking turns within each length.
 
 Example (repository root):  python -m bench.attention --lengths=512,1024,2048,4096,8192
-On a GPU, jax's kernel against ours on packed rows (two runs):
+On a GPU, packed bf16 rows:
   python -m bench.attention --lengths=128,512,2048 --dtype=bfloat16 --packed=4 --implementations=flash_gpu,dot_product
-  ... the same with --sides=separate
 """
 
 import argparse
@@ -32,7 +29,7 @@ from transformer_jax import attention_masks
 IMPLEMENTATIONS = ('reference', 'dot_product', 'chunked')
 
 
-def make_inputs(length, batch, heads, d_k, dtype='float32', packed=0, shared_sides=True, seed=0):
+def make_inputs(length, batch, heads, d_k, dtype='float32', packed=0, seed=0):
   """q, k, v and a causal mask: the last L/8 positions padding, the rest one row or `packed` equal segments."""
   rng = np.random.default_rng(seed)
   q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, d_k)), dtype) for _ in range(3))
@@ -43,10 +40,7 @@ def make_inputs(length, batch, heads, d_k, dtype='float32', packed=0, shared_sid
     per_segment = max(1, real // packed)
     segment = jnp.broadcast_to(jnp.where(valid[0], jnp.minimum(jnp.arange(length) // per_segment, packed - 1) + 1, 0),
                                (batch, length)).astype(jnp.int32)
-  if shared_sides:
-    return q, k, v, attention_masks.MaskSpec.self_attention(valid, segment, causal=True)
-  return q, k, v, attention_masks.MaskSpec(q_valid=valid, kv_valid=jnp.array(valid), q_segment=segment,
-                                           kv_segment=None if segment is None else jnp.array(segment), causal=True)
+  return q, k, v, attention_masks.MaskSpec.self_attention(valid, segment, causal=True)
 
 
 def forward_backward(implementation, spec, chunk_size):
@@ -80,8 +74,6 @@ def main(argv=None):
   p.add_argument('--chunk_size', type=int, default=512)
   p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32')
   p.add_argument('--packed', type=int, default=0, help='packed segments per row (0: one sequence per row)')
-  p.add_argument('--sides', choices=('shared', 'separate'), default='shared',
-                 help="'separate': keys get their own copy of the mask arrays (flash_gpu then runs our kernels)")
   p.add_argument('--repeats', type=int, default=5, help='timed calls per implementation (after one warm-up)')
   p.add_argument('--seconds_per_length', type=float, default=60.0,
                  help='fewer repeats (at least 2) when the warm-up calls say a length would take longer')
@@ -96,12 +88,11 @@ def main(argv=None):
   info.update(backend=jax.default_backend(), jax=jax.__version__)
   mask = 'causal+padding(L/8)' + (f'+{args.packed} segments' if args.packed else '')
   common.emit({'bench': 'attention', 'machine': info, 'batch': args.batch, 'heads': args.heads, 'd_k': args.d_k,
-               'chunk_size': args.chunk_size, 'dtype': args.dtype, 'mask': mask, 'sides': args.sides})
+               'chunk_size': args.chunk_size, 'dtype': args.dtype, 'mask': mask})
 
   results = {}
   for length in common.parse_ints(args.lengths):
-    q, k, v, spec = make_inputs(length, args.batch, args.heads, args.d_k, args.dtype, args.packed,
-                                args.sides == 'shared')
+    q, k, v, spec = make_inputs(length, args.batch, args.heads, args.d_k, args.dtype, args.packed)
     compiled, memory, times, warm = {}, {}, {}, {}
     for impl in impls:
       start = time.perf_counter()

@@ -24,15 +24,10 @@ class MaskSpec:
   q_offset: jax.Array | int | None = None  # None: 0, and known to be 0 through jit and remat (an int 0 is traced)
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
-  # True when queries and keys are the same positions with the same validity and segments (self-attention),
-  # set by `self_attention`; the GPU kernel takes one segment-id array for both sides and needs to know.
-  shared_sides: bool = flax.struct.field(pytree_node=False, default=False)
-
   @classmethod
   def self_attention(cls, valid, segment=None, causal=False) -> 'MaskSpec':
     """Queries and keys are the same tokens: one validity and one segment array serve both sides."""
-    return cls(q_valid=valid, kv_valid=valid, q_segment=segment, kv_segment=segment, causal=causal,
-               shared_sides=True)
+    return cls(q_valid=valid, kv_valid=valid, q_segment=segment, kv_segment=segment, causal=causal)
 
   @property
   def has_segments(self) -> bool:
@@ -42,11 +37,6 @@ class MaskSpec:
   def has_offset(self) -> bool:
     """Queries may start after key 0 (cached decoding): anything but None or a literal 0."""
     return self.q_offset is not None and not (isinstance(self.q_offset, int) and self.q_offset == 0)
-
-  @property
-  def sides_match(self) -> bool:
-    """Statically known to describe queries and keys alike (declared, or the very same arrays)."""
-    return self.shared_sides or (self.q_valid is self.kv_valid and self.q_segment is self.kv_segment)
 
 
 def mask_block(spec: MaskSpec, q_start, q_len: int, k_start, k_len: int) -> jax.Array:

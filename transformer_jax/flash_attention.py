@@ -1,8 +1,7 @@
 """The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention; with attention dropout,
-our own kernel) and `flash_gpu` (jax's Triton kernel; for cross-attention and attention dropout, our own
-kernels), each run by `jax.shard_map` on every device's block of batch × heads of the context mesh. They serve
-what their kernels can (`attention.serving` sends the rest to the XLA implementations); `interpret_kernels` runs
-them on a CPU for tests."""
+our own kernel) and `flash_gpu` (our own Triton kernels), each run by `jax.shard_map` on every device's block of
+batch × heads of the context mesh. They serve what their kernels can (`attention.serving` sends the rest to the
+XLA implementations); `interpret_kernels` runs them on a CPU for tests."""
 
 import contextlib
 import contextvars
@@ -401,38 +400,8 @@ def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
   return out[:, :q_len] * attention_masks.any_key(spec, out.dtype)
 
 
-def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
-  """The Pallas GPU (Triton) flash-attention kernel (`jax.experimental.pallas.ops.gpu.attention.mha`).
-
-  That kernel takes ONE segment-id array for queries and keys alike, so it serves self-attention whose mask
-  is statically known to describe both sides the same way (`MaskSpec.sides_match`); padding becomes a segment
-  id of its own there (padding queries see padding keys; their outputs are zeroed). Lengths are padded to the
-  kernel's blocks (a power of two from 16 to 128, then multiples of 128), head dims as for our kernels
-  (`_triton_head`; given 8-wide heads as they were, its bf16 results were wrong on an H100: bench/RESULTS.md).
-  Everything else — cross-attention, sides whose masks may differ, attention dropout (`dropout_seeds`) — runs
-  our kernels (`_flash_gpu_ours`), which take query and key segment ids apart.
-  """
-  dropout = dropout_rate > 0.0 and dropout_seeds is not None
-  if dropout or not (spec.sides_match and q.shape[1] == k.shape[1]):
-    return _flash_gpu_ours(q, k, v, spec, dropout_rate if dropout else 0.0, dropout_seeds)
-  from jax.experimental.pallas.ops.gpu import attention as gpu_flash  # pylint: disable=g-import-not-at-top
-  length, d_k, d_v = q.shape[1], q.shape[-1], v.shape[-1]
-  size = max(16, 1 << (length - 1).bit_length()) if length <= 128 else _round_up(length, 128)
-  head = _triton_head(max(d_k, d_v))
-  interpret = _INTERPRET.get()
-
-  def kernel(q, k, v, ids, _):
-    return gpu_flash.mha(q, k, v, ids, sm_scale=1.0 / math.sqrt(d_k), causal=spec.causal, interpret=interpret)
-
-  ids = _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, size, _PAD_ID)
-  out = _per_device(kernel, _pad_to(_pad_to(q, 1, size), 3, head), _pad_to(_pad_to(k, 1, size), 3, head),
-                    _pad_to(_pad_to(v, 1, size), 3, head), ids, ids)
-  out = out[:, :length, :, :d_v]
-  return out * attention_masks.any_key(spec, out.dtype)
-
-
-# --- flash_gpu's own Triton kernels (cross-attention, attention dropout): an online softmax over key blocks, the
-# query and key segment ids apart, attention dropout's bits drawn inside
+# --- flash_gpu's Triton kernels: an online softmax over key blocks, the query and key segment ids apart, attention
+# dropout's bits drawn inside
 
 _GPU_BLOCKS = (64, 32)  # queries and keys per tile: the forward's, the backward's (lengths pad to the first)
 
@@ -611,9 +580,12 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool)
   return attend(q, k, v, q_ids, k_ids, scalars)
 
 
-def _flash_gpu_ours(q, k, v, spec, dropout_rate: float, dropout_seeds):
-  """flash_gpu's own kernels (`_gpu_attention`), for self- and cross-attention at any length, with attention
-  dropout where dropout_rate > 0; lengths padded to their blocks, head dims by `_triton_head`."""
+def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
+  """flash_gpu: our Triton kernels (`_gpu_attention`), for self- and cross-attention at any length, packed or
+  padded, with attention dropout where `dropout_seeds` are given; lengths padded to their blocks, head dims by
+  `_triton_head`. (jax's `pallas.ops.gpu.attention.mha`, which served self-attention before, is deprecated, was
+  wrong in bf16 at 8-wide heads, and was not faster on an H100: bench/RESULTS.md.)"""
+  dropout_rate = dropout_rate if dropout_seeds is not None else 0.0
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size = (_round_up(n, _gpu_block(n, _GPU_BLOCKS[0])) for n in (q_len, k_len))
   head_k, head_v = _triton_head(d_k), _triton_head(d_v)
