@@ -18,8 +18,9 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
 
-# The segment id of padding, queries and keys alike: padding queries then attend to padding keys, and their
-# outputs are zeroed (`attention_masks.any_key`) like every query's that may attend to nothing.
+# The segment id of padding. For jax's splash kernel and our TPU kernel, queries and keys alike: padding queries
+# then attend to padding keys, and their outputs are zeroed (`attention_masks.any_key`) like every query's that may
+# attend to nothing. flash_gpu's kernels zero such rows themselves, and its padding keys get _PAD_ID + 1.
 _PAD_ID = int(jnp.iinfo(jnp.int32).min)
 _INTERPRET = contextvars.ContextVar('interpret_kernels', default=False)
 
@@ -79,11 +80,12 @@ def _mesh_axes(mesh, logical: str, size: int):
   return names
 
 
-def _padded_segment_ids(spec, q_size: int, k_size: int):
+def _padded_segment_ids(spec, q_size: int, k_size: int, key_pad_id: int = _PAD_ID):
   """Query and key segment ids apart (the TPU kernels', our GPU ones'), padding an id of its own, padded to q_size
-  and k_size."""
+  and k_size. A `key_pad_id` other than the queries' leaves padding queries no key (for kernels that zero such
+  rows themselves)."""
   return (_pad_to(_segment_ids(spec.q_valid, spec.q_segment, _PAD_ID), 1, q_size, _PAD_ID),
-          _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, _PAD_ID), 1, k_size, _PAD_ID))
+          _pad_to(_segment_ids(spec.kv_valid, spec.kv_segment, key_pad_id), 1, k_size, key_pad_id))
 
 
 def _heads_major(x):
@@ -415,10 +417,10 @@ def _gpu_block(size: int, block: int) -> int:
   return min(block, max(16, pl.next_power_of_2(size)))
 
 
-def _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, *, keep: float, causal: bool):
-  """One tile of scores [rows, keys] (q comes scaled by 1/√d_k), the mask, and where attention dropout keeps the
-  weights (None without dropout; positions from 1-D ranges made a column and a row, as Triton builds them)."""
-  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, *, keep: float, causal: bool, scale: float):
+  """One tile of scores [rows, keys] (q·k scaled by `scale` in float32), the mask, and where attention dropout keeps
+  the weights (None without dropout; positions from 1-D ranges made a column and a row, as Triton builds them)."""
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
   q_pos = (q_start + jnp.arange(q.shape[0], dtype=jnp.int32))[:, None]
   k_pos = (k_start + jnp.arange(k.shape[0], dtype=jnp.int32))[None, :]
   return (s, *_mask_and_bits(hash_keys, q_ids[:, None], k_ids[None, :], q_pos, k_pos, keep=keep, causal=causal))
@@ -430,7 +432,7 @@ def _kept(kept, x):
 
 
 def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *, keep: float,
-                        causal: bool, block_k: int):
+                        causal: bool, scale: float, block_k: int):
   """Output rows for one block of queries: the softmax's running max and sum over all (undropped) weights, the
   weighted sum over the kept ones; and each row's log-sum-exp for the backward kernels."""
   block_q = q_ref.shape[0]
@@ -441,7 +443,7 @@ def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, 
     m, l, acc = carry
     keys = pl.ds(i * block_k, block_k)
     s, mask, kept = _gpu_scores(hash_keys, q, k_ref[keys, :], q_ids, k_ids_ref[keys], q_start, i * block_k,
-                                keep=keep, causal=causal)
+                                keep=keep, causal=causal, scale=scale)
     m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1))
     p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
     correction = jnp.exp(m - m_new)
@@ -460,10 +462,11 @@ def _gpu_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, 
   lse_ref[...] = jnp.where(seen, m + jnp.log(total), jnp.inf)
 
 
-def _gpu_weights(hash_keys, q, k, v, do, q_ids, k_ids, lse, delta, q_start, k_start, *, keep, causal):
-  """A tile's dropped weights (for dv) and the scores' gradient (for dq and dk), recomputed from the log-sum-exp;
-  delta = rowsum(do ⊙ o)."""
-  s, mask, kept = _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, keep=keep, causal=causal)
+def _gpu_weights(hash_keys, q, k, v, do, q_ids, k_ids, lse, delta, q_start, k_start, *, keep, causal, scale):
+  """A tile's dropped weights (for dv) and the gradient of its scaled scores (for dq and dk: times `scale` again
+  for q·k's), recomputed from the log-sum-exp; delta = rowsum(do ⊙ o)."""
+  s, mask, kept = _gpu_scores(hash_keys, q, k, q_ids, k_ids, q_start, k_start, keep=keep, causal=causal,
+                              scale=scale)
   p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
   dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
   dp = _kept(kept, dp * (1.0 / keep))
@@ -471,7 +474,7 @@ def _gpu_weights(hash_keys, q, k, v, do, q_ids, k_ids, lse, delta, q_start, k_st
 
 
 def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dq_ref, *,
-                   keep: float, causal: bool, block_k: int):
+                   keep: float, causal: bool, scale: float, block_k: int):
   """dq for one block of queries, summed over key blocks."""
   block_q = q_ref.shape[0]
   q_start = pl.program_id(0) * block_q
@@ -482,17 +485,18 @@ def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_r
     keys = pl.ds(i * block_k, block_k)
     k = k_ref[keys, :]
     _, ds = _gpu_weights(hash_keys, q, k, v_ref[keys, :], do, q_ids, k_ids_ref[keys], lse, delta, q_start,
-                         i * block_k, keep=keep, causal=causal)
+                         i * block_k, keep=keep, causal=causal, scale=scale)
     return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
   num_k = k_ref.shape[0] // block_k
   if causal:
     num_k = jnp.minimum(num_k, (q_start + block_q + block_k - 1) // block_k)
-  dq_ref[...] = jax.lax.fori_loop(0, num_k, body, jnp.zeros(dq_ref.shape, jnp.float32)).astype(dq_ref.dtype)
+  dq = jax.lax.fori_loop(0, num_k, body, jnp.zeros(dq_ref.shape, jnp.float32))
+  dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
 def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dk_ref,
-                    dv_ref, *, keep: float, causal: bool, block_q: int):
+                    dv_ref, *, keep: float, causal: bool, scale: float, block_q: int):
   """dk and dv for one block of keys, summed over query blocks."""
   block_k = k_ref.shape[0]
   k_start = pl.program_id(0) * block_k
@@ -504,7 +508,7 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
     rows = pl.ds(i * block_q, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
     dropped, ds = _gpu_weights(hash_keys, q, k, v, do, q_ids_ref[rows], k_ids, lse_ref[rows], delta_ref[rows],
-                               i * block_q, k_start, keep=keep, causal=causal)
+                               i * block_q, k_start, keep=keep, causal=causal, scale=scale)
     dv = dv + jax.lax.dot_general(dropped.astype(do.dtype), do, transposed_lhs, preferred_element_type=jnp.float32)
     dk = dk + jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
     return dk, dv
@@ -512,16 +516,16 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
   first = k_start // block_q if causal else 0  # earlier queries see none of these keys
   dk, dv = jax.lax.fori_loop(first, q_ref.shape[0] // block_q, body,
                              (jnp.zeros(dk_ref.shape, jnp.float32), jnp.zeros(dv_ref.shape, jnp.float32)))
-  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool):
-  """q [b, q, h, d_k] (scaled), k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths
-  multiples of _GPU_BLOCKS[0] (or one block) and head dims powers of two: the kernels above as one
-  differentiable function (`pallas_call`s in a custom VJP)."""
+def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, scale: float):
+  """q [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths multiples
+  of _GPU_BLOCKS[0] (or one block) and head dims powers of two; scores q·k × `scale`: the kernels above as one
+  differentiable function (`pallas_call`s in a custom VJP). Rows that may attend to no key come out 0."""
   (batch, q_len, heads, d_k), (k_len, d_v) = q.shape, (k.shape[1], v.shape[-1])
-  options = dict(keep=keep, causal=causal)
+  options = dict(keep=keep, causal=causal, scale=scale)
   params = plgpu.CompilerParams(num_warps=4 if max(d_k, d_v) <= 64 else 8, num_stages=2)
   interpret = _INTERPRET.get()
   item = q.dtype.itemsize
@@ -584,15 +588,16 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   """flash_gpu: our Triton kernels (`_gpu_attention`), for self- and cross-attention at any length, packed or
   padded, with attention dropout where `dropout_seeds` are given; lengths padded to their blocks, head dims by
   `_triton_head`. (jax's `pallas.ops.gpu.attention.mha`, which served self-attention before, is deprecated, was
-  wrong in bf16 at 8-wide heads, and was not faster on an H100: bench/RESULTS.md.)"""
+  wrong in bf16 at 8-wide heads, and was not faster on an H100: bench/RESULTS.md.) The kernels scale the scores
+  and zero the rows of queries that may attend to no key (padding keys get an id of their own), so no pass over
+  q or the output is left outside them."""
   dropout_rate = dropout_rate if dropout_seeds is not None else 0.0
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size = (_round_up(n, _gpu_block(n, _GPU_BLOCKS[0])) for n in (q_len, k_len))
   head_k, head_v = _triton_head(d_k), _triton_head(d_v)
-  attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal)
+  attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal, scale=1.0 / math.sqrt(d_k))
   seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
   out = _dropout_per_device(
-      attend, _pad_to(_pad_to(_scaled(q, d_k), 1, q_size), 3, head_k), _pad_to(_pad_to(k, 1, k_size), 3, head_k),
-      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size), seeds)
-  out = out[:, :q_len, :, :d_v]
-  return out * attention_masks.any_key(spec, out.dtype)
+      attend, _pad_to(_pad_to(q, 1, q_size), 3, head_k), _pad_to(_pad_to(k, 1, k_size), 3, head_k),
+      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size, _PAD_ID + 1), seeds)
+  return out[:, :q_len, :, :d_v]
