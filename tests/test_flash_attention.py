@@ -141,6 +141,8 @@ def test_kernel_with_dropout_matches_reference(implementation, case):
     out, grads = _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng)
   assert not np.allclose(out, _output_and_grads('reference', q, k, v, spec, cotangent)[0])  # dropout did something
   np.testing.assert_allclose(out, expected[0], atol=2e-5, rtol=2e-5)
+  # The kernels zero the queries that see no key (padding ones included) themselves: exact zeros.
+  assert np.all(np.asarray(out)[~np.asarray(attention_masks.full_mask(spec)).any(axis=-1)[:, 0]] == 0.0)
   for name, got, want in zip('qkv', grads, expected[1]):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5, err_msg=f'd{name}')
 

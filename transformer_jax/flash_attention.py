@@ -18,9 +18,9 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
 
-# The segment id of padding. For jax's splash kernel and our TPU kernel, queries and keys alike: padding queries
-# then attend to padding keys, and their outputs are zeroed (`attention_masks.any_key`) like every query's that may
-# attend to nothing. flash_gpu's kernels zero such rows themselves, and its padding keys get _PAD_ID + 1.
+# The segment id of padding. For jax's splash kernel, queries and keys alike: padding queries then attend to
+# padding keys, and their outputs are zeroed (`attention_masks.any_key`) like every query's that may attend to
+# nothing. Our kernels zero such rows themselves, and padding keys get _PAD_ID + 1 there.
 _PAD_ID = int(jnp.iinfo(jnp.int32).min)
 _INTERPRET = contextvars.ContextVar('interpret_kernels', default=False)
 
@@ -93,7 +93,8 @@ def _heads_major(x):
 
 
 def _scaled(q, d_k: int):
-  """q · 1/√d_k (d_k before any padding of the head dim), which the TPU kernels take instead of scaled scores."""
+  """q · 1/√d_k (d_k before any padding of the head dim), which jax's splash kernel takes instead of scaled
+  scores (our kernels scale the scores themselves)."""
   return q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
 
 
@@ -202,10 +203,11 @@ def _mask_and_bits(hash_keys, q_ids, k_ids, q_pos, k_pos, *, keep: float, causal
   return mask, attention_masks.dropout_keep(hash_keys[0], hash_keys[1], q_pos, k_pos, keep)
 
 
-def _tile_scores(hash_keys, q, k, q_ids_ref, k_ids_ref, q_block, k_block, *, keep: float, causal: bool):
-  """The grid step's tile of scores [block_q, block_k] (q comes scaled by 1/√d_k), its mask, and where attention
-  dropout keeps the weights (positions from 2-D iotas, as Mosaic lays them out)."""
-  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def _tile_scores(hash_keys, q, k, q_ids_ref, k_ids_ref, q_block, k_block, *, keep: float, causal: bool,
+                 scale: float):
+  """The grid step's tile of scores [block_q, block_k] (q·k scaled by `scale` in float32), its mask, and where
+  attention dropout keeps the weights (positions from 2-D iotas, as Mosaic lays them out)."""
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
   q_pos = q_block * s.shape[0] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
   k_pos = k_block * s.shape[1] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
   return (s, *_mask_and_bits(hash_keys, q_ids_ref[...], k_ids_ref[...], q_pos, k_pos, keep=keep, causal=causal))
@@ -223,7 +225,7 @@ def _unless_hidden(causal: bool, q_block, k_block, block_q: int, block_k: int, b
 
 
 def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, *refs, keep: float,
-                            causal: bool, whole_rows: bool):
+                            causal: bool, scale: float, whole_rows: bool):
   """A block of queries against one block of keys (grid: batch row, head, query block, key block): the softmax's
   running max and sum over all (undropped) weights, the weighted sum over the kept ones; at the last key block
   the output and, unless the tiles hold whole rows (one key block), each query's log-sum-exp (refs: lse, then the
@@ -239,7 +241,7 @@ def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_r
 
   def update():
     s, mask, kept = _tile_scores(hash_keys, q_ref[...], k_ref[...], q_ids_ref, k_ids_ref, q_block, k_block,
-                                 keep=keep, causal=causal)
+                                 keep=keep, causal=causal, scale=scale)
     m_prev = m_acc[...]
     m_new = jnp.maximum(m_prev, jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1, keepdims=True))
     p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
@@ -261,7 +263,7 @@ def _dropout_forward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_r
 
 
 def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, *refs, keep: float,
-                             causal: bool, whole_rows: bool):
+                             causal: bool, scale: float, whole_rows: bool):
   """One tile (grid: batch row, head, key block, query block): its weights and bits recomputed, this key block's
   part of dq, and dk, dv summed over the query blocks in VMEM. The weights come from each query's log-sum-exp and
   delta = rowsum(do ⊙ o) from inputs (refs: lse, delta, do, the outputs, the scratch), or where the tile holds
@@ -277,7 +279,7 @@ def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_
   def update():
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     s, mask, kept = _tile_scores(hash_keys, q, k, q_ids_ref, k_ids_ref, q_block, k_block, keep=keep,
-                                 causal=causal)
+                                 causal=causal, scale=scale)
     if whole_rows:
       p = jnp.where(mask, jnp.exp(s - jnp.max(jnp.where(mask, s, attention_masks.NEG), axis=1, keepdims=True)), 0.0)
       total = jnp.sum(p, axis=1, keepdims=True)
@@ -290,7 +292,7 @@ def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_
                                        preferred_element_type=jnp.float32)
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     dp = jnp.where(kept, dp * (1.0 / keep), 0.0)
-    ds = p * (dp - (jnp.sum(p * dp, axis=1, keepdims=True) if whole_rows else delta_ref[...]))
+    ds = p * (dp - (jnp.sum(p * dp, axis=1, keepdims=True) if whole_rows else delta_ref[...])) * scale
     dq_ref[...] = jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
     dk_acc[...] += jax.lax.dot_general(ds.astype(q.dtype), q, transposed_lhs, preferred_element_type=jnp.float32)
 
@@ -305,13 +307,15 @@ def _dropout_backward_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
-def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, block_q: int, block_k: int):
-  """q [b, h, q, d_k] (scaled), k [b, h, k, d_k], v [b, h, k, d_v] with ids [b, q, 1] and [b, 1, k] and
-  `_tile_scores`' scalars [4]: the kernels above as one differentiable function (`pallas_call`s in a custom VJP).
+def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, scale: float, block_q: int,
+                       block_k: int):
+  """q [b, h, q, d_k], k [b, h, k, d_k], v [b, h, k, d_v] with ids [b, q, 1] and [b, 1, k] and `_tile_scores`'
+  scalars [4]; scores q·k × `scale`: the kernels above as one differentiable function (`pallas_call`s in a custom
+  VJP). Queries that may attend to no key come out 0.
   dq comes in one part per key block (float32 where there are several), summed here. With one key block (whole
   rows) the backward pass keeps only q, k and v, and recomputes the rows' softmax."""
   (batch, heads, q_len, d_k), (k_len, d_v) = q.shape, v.shape[2:]
-  options = dict(keep=keep, causal=causal)
+  options = dict(keep=keep, causal=causal, scale=scale)
   num_q, num_k = q_len // block_q, k_len // block_k
   forward_grid, backward_grid = (batch, heads, num_q, num_k), (batch, heads, num_k, num_q)
   # Index maps take the grid's indices (batch, head, then the query and key blocks in the grid's order).
@@ -392,14 +396,14 @@ def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
   keep = 1.0 - dropout_rate
 
   def attend(q, k, v, q_ids, kv_ids, scalars):
-    out = _dropout_attention(_heads_major(_scaled(q, d_k)), _heads_major(k), _heads_major(v),
-                             q_ids[:, :, None], kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal,
-                             block_q=block_q, block_k=block_k)
+    out = _dropout_attention(_heads_major(q), _heads_major(k), _heads_major(v), q_ids[:, :, None],
+                             kv_ids[:, None, :], scalars, keep=keep, causal=spec.causal,
+                             scale=1.0 / math.sqrt(d_k), block_q=block_q, block_k=block_k)
     return _heads_major(out)
 
   out = _dropout_per_device(attend, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
-                            *_padded_segment_ids(spec, q_size, k_size), dropout_seeds)
-  return out[:, :q_len] * attention_masks.any_key(spec, out.dtype)
+                            *_padded_segment_ids(spec, q_size, k_size, _PAD_ID + 1), dropout_seeds)
+  return out[:, :q_len]
 
 
 # --- flash_gpu's Triton kernels: an online softmax over key blocks, the query and key segment ids apart, attention
