@@ -3,7 +3,8 @@
 For each length L the implementations of `transformer_jax.attention.attend` (by default 'reference',
 'dot_product', 'chunked'; the flash kernels on their platform) get q, k, v of shape [batch, L, heads, d_k]
 (`--dtype`) with a causal + padding mask (the last L/8 positions are padding; with `--packed=N` the rest holds
-N packed segments), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v.
+N packed segments), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v, with attention
+dropout at `--dropout_rate` (0: none).
 
 Peak memory is XLA's compiled memory analysis of that jitted function — temp buffers + arguments + outputs
 (− aliased bytes): the buffer assignment's worst case, deterministic and independent of the machine and its
@@ -13,6 +14,8 @@ median of a few calls after a warm-up call, the implementations taking turns wit
 Example (repository root):  python -m bench.attention --lengths=512,1024,2048,4096,8192
 On a GPU, packed bf16 rows:
   python -m bench.attention --lengths=128,512,2048 --dtype=bfloat16 --packed=4 --implementations=flash_gpu,dot_product
+One attention call of the paper's base batch with attention dropout:
+  python -m bench.attention --lengths=128 --batch=196 --dtype=bfloat16 --dropout_rate=0.1 --implementations=flash_gpu
 """
 
 import argparse
@@ -43,9 +46,10 @@ def make_inputs(length, batch, heads, d_k, dtype='float32', packed=0, seed=0):
   return q, k, v, attention_masks.MaskSpec.self_attention(valid, segment, causal=True)
 
 
-def forward_backward(implementation, spec, chunk_size):
+def forward_backward(implementation, spec, chunk_size, dropout_rate=0.0):
   def loss(q, k, v):
-    out = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk_size)
+    out = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk_size,
+                           dropout_rate=dropout_rate, dropout_rng=jax.random.key(0) if dropout_rate else None)
     return jnp.sum(jnp.sin(out))
 
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
@@ -73,6 +77,7 @@ def main(argv=None):
   p.add_argument('--d_k', type=int, default=64)
   p.add_argument('--chunk_size', type=int, default=512)
   p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32')
+  p.add_argument('--dropout_rate', type=float, default=0.0, help='attention dropout (0: none)')
   p.add_argument('--packed', type=int, default=0, help='packed segments per row (0: one sequence per row)')
   p.add_argument('--repeats', type=int, default=5, help='timed calls per implementation (after one warm-up)')
   p.add_argument('--seconds_per_length', type=float, default=60.0,
@@ -80,6 +85,8 @@ def main(argv=None):
   p.add_argument('--max_run_gib', type=float, default=16.0,
                  help='report memory but do not run a compiled function whose peak exceeds this (GiB)')
   args = p.parse_args(argv)
+  if not 0.0 <= args.dropout_rate < 1.0:
+    p.error(f'--dropout_rate={args.dropout_rate}: give a rate in [0, 1)')
   impls = [x for x in args.implementations.split(',') if x]
   unknown = [x for x in impls if x not in attention.IMPLEMENTATIONS]
   if unknown:
@@ -88,7 +95,7 @@ def main(argv=None):
   info.update(backend=jax.default_backend(), jax=jax.__version__)
   mask = 'causal+padding(L/8)' + (f'+{args.packed} segments' if args.packed else '')
   common.emit({'bench': 'attention', 'machine': info, 'batch': args.batch, 'heads': args.heads, 'd_k': args.d_k,
-               'chunk_size': args.chunk_size, 'dtype': args.dtype, 'mask': mask})
+               'chunk_size': args.chunk_size, 'dtype': args.dtype, 'mask': mask, 'dropout_rate': args.dropout_rate})
 
   results = {}
   for length in common.parse_ints(args.lengths):
@@ -96,7 +103,7 @@ def main(argv=None):
     compiled, memory, times, warm = {}, {}, {}, {}
     for impl in impls:
       start = time.perf_counter()
-      compiled[impl] = forward_backward(impl, spec, args.chunk_size).lower(q, k, v).compile()
+      compiled[impl] = forward_backward(impl, spec, args.chunk_size, args.dropout_rate).lower(q, k, v).compile()
       compile_s = time.perf_counter() - start
       memory[impl] = peak_bytes(compiled[impl])
       times[impl] = []

@@ -6,8 +6,9 @@
 #                  downloads into .whl/ (git-ignored) the pinned packages the device image lacks or holds in
 #                  other versions, as Python 3.12 wheels
 #   there:       run(command="bash bench/gpu_session.sh run", carry=[".whl"], timeout_s=600)
-#                  the GPU tests; `flash_gpu` (our Triton kernels) on packed bf16 rows against `dot_product`
-#                  (bench.attention); base at the paper's batch with torch's dropout placement (attention
+#                  the GPU tests; `flash_gpu` (our Triton kernels) on packed bf16 rows against `dot_product`,
+#                  and on one attention call of the paper's base batch with attention dropout (bench.attention:
+#                  the kernels' 5 ms of base's step, bench/RESULTS.md's sixth H100 visit); base at the paper's batch with torch's dropout placement (attention
 #                  and ReLU dropout 0.1: what `auto` sends to our Triton kernels) against torch.compile; then, in
 #                  the time left, that step by model part (bench.step_profile; CUDA graphs off so kernels name
 #                  their ops). Logs and JSON lines under $OUT. (Big's row was measured on 2026-11-27:
@@ -55,6 +56,9 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   echo "== attention: bench.attention"
   timeout 60 python3 -m bench.attention --lengths=128,512,2048 --batch=8 --dtype=bfloat16 --packed=4 --repeats=5 \
     --implementations=flash_gpu,dot_product 2>&1 | tee "$out/attention.log"
+  echo "== attention_paper_batch: bench.attention"
+  timeout 60 python3 -m bench.attention --lengths=128 --batch=196 --dtype=bfloat16 --dropout_rate=0.1 --repeats=15 \
+    --implementations=flash_gpu 2>&1 | tee "$out/attention_paper_batch.log"
   throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
   local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
   if (( left > 90 )); then
