@@ -8,11 +8,12 @@
 #   there:       run(command="bash bench/gpu_session.sh run", carry=[".whl"], timeout_s=600)
 #                  the GPU tests; `flash_gpu` (our Triton kernels) on packed bf16 rows against `dot_product`,
 #                  and on one attention call of the paper's base batch with attention dropout (bench.attention:
-#                  the kernels' 5 ms of base's step, bench/RESULTS.md's sixth H100 visit); base at the paper's batch with torch's dropout placement (attention
-#                  and ReLU dropout 0.1: what `auto` sends to our Triton kernels) against torch.compile; then, in
-#                  the time left, that step by model part (bench.step_profile; CUDA graphs off so kernels name
-#                  their ops). Logs and JSON lines under $OUT. (Big's row was measured on 2026-11-27:
-#                  bench/RESULTS.md.)
+#                  the kernels take 5 ms of base's step, bench/RESULTS.md's sixth H100 visit); base at the
+#                  paper's batch with torch's dropout placement (attention and ReLU dropout 0.1: what `auto`
+#                  sends to our Triton kernels) against torch.compile, and again with jax's `unsafe_rbg` keys
+#                  (dropout's bits from Philox instead of threefry); then, in the time left, that step by model
+#                  part (bench.step_profile; CUDA graphs off so kernels name their ops). Logs and JSON lines
+#                  under $OUT.
 #
 # Each step has its own time limit, so one that hangs leaves the others their time (~9.5 minutes in all); the
 # profile runs last, in what is left.
@@ -60,6 +61,10 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   timeout 60 python3 -m bench.attention --lengths=128 --batch=196 --dtype=bfloat16 --dropout_rate=0.1 --repeats=15 \
     --implementations=flash_gpu 2>&1 | tee "$out/attention_paper_batch.log"
   throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
+  # The same step with dropout's bits from XLA's RngBitGenerator (Philox on a GPU) instead of threefry: jax's
+  # default key implementation, set for the whole process (ours only; the run above is the yardstick)
+  JAX_DEFAULT_PRNG_IMPL=unsafe_rbg throughput 120 base_dropout_rbg --configs=base --impls=ours --rounds=3 --steps=5 \
+    --override="$dropout"
   local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
   if (( left > 90 )); then
     throughput "$((left - 20))" base_dropout_profile --configs=base --impls=ours --rounds=1 --steps=2 \

@@ -293,7 +293,7 @@ def run(args):
   peak = metrics.peak_flops_per_device(device) if args.gpu_paper_batch else None
   info = common.machine()
   info.update(backend=jax.default_backend(), device=device.device_kind, jax=jax.__version__,
-              xla_flags=os.environ.get('XLA_FLAGS', ''))
+              xla_flags=os.environ.get('XLA_FLAGS', ''), prng_impl=str(jax.config.jax_default_prng_impl))
   if any(name.startswith('torch') for name in impls):
     import torch  # pylint: disable=import-outside-toplevel
     info.update(torch=torch.__version__, torch_threads=args.threads)
