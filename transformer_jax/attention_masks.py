@@ -62,8 +62,9 @@ def full_mask(spec: MaskSpec) -> jax.Array:
 def any_key(spec: MaskSpec, dtype):
   """[b, q, 1, 1]: 1 for queries that may attend to some key, 0 for the others (whose output must be 0).
 
-  A reduction over the boolean mask, which XLA can fuse with building it; for jax's splash kernel, which cannot
-  tell (a fully masked row softmaxes to uniform weights over its masked keys). Our kernels zero such rows.
+  A reduction over the boolean mask, which XLA can fuse with building it; for `jax.nn.dot_product_attention` and
+  jax's splash kernel, which cannot tell (a fully masked row softmaxes to uniform weights over its masked keys).
+  Our own kernels zero such rows themselves.
   """
   return jnp.any(full_mask(spec), axis=-1)[:, 0, :, None, None].astype(dtype)
 
