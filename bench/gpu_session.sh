@@ -11,7 +11,8 @@
 #                  the kernels take 5 ms of base's step, bench/RESULTS.md's sixth H100 visit); base at the
 #                  paper's batch with torch's dropout placement (attention and ReLU dropout 0.1: what `auto`
 #                  sends to our Triton kernels) against torch.compile, and again with jax's `unsafe_rbg` keys
-#                  (dropout's bits from Philox instead of threefry); then, in the time left, that step by model
+#                  (dropout's bits from Philox instead of threefry); base without attention dropout through
+#                  cuDNN (`auto`) and through `flash_gpu`; then, in the time left, that dropout step by model
 #                  part (bench.step_profile; CUDA graphs off so kernels name their ops). Logs and JSON lines
 #                  under $OUT.
 #
@@ -65,6 +66,11 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   # default key implementation, set for the whole process (ours only; the run above is the yardstick)
   JAX_DEFAULT_PRNG_IMPL=unsafe_rbg throughput 120 base_dropout_rbg --configs=base --impls=ours --rounds=3 --steps=5 \
     --override="$dropout"
+  # Without attention dropout, padded rows: cuDNN's kernel (what `auto` takes) against our Triton kernels, which
+  # `flash_gpu` runs for every case since the sixth H100 visit (cuDNN was measured against jax's kernel)
+  for attention in auto flash_gpu; do
+    throughput 100 "base_$attention" --configs=base --impls=ours --rounds=3 --steps=5 --override="attention=$attention"
+  done
   local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
   if (( left > 90 )); then
     throughput "$((left - 20))" base_dropout_profile --configs=base --impls=ours --rounds=1 --steps=2 \
