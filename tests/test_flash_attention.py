@@ -88,7 +88,8 @@ def test_kernel_matches_reference(implementation, case):
     jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
     assert 'pallas_call' in jaxpr
     jitted_out, grads = _output_and_grads(implementation, q, k, v, spec, cotangent)
-    # Also op by op: there the kernels give fully masked rows uniform weights (jitted, XLA happens to give 0).
+    # Also op by op: there jax's splash kernel gives fully masked rows uniform weights (jitted, XLA happens to give
+    # 0), which `any_key` zeroes; our kernels give them zeros themselves.
     eager_out = attention.attend(q, k, v, spec, implementation=implementation)
   no_key = ~np.asarray(attention_masks.full_mask(spec)).any(axis=-1)[:, 0]
   assert no_key.any()

@@ -1,9 +1,9 @@
 """GPU-only checks (marker `gpu`): skipped where JAX has no GPU, run on one with
 `JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_gpu.py`.
 
-The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) and our Triton kernels (`flash_gpu`, bf16
-at any head dim, and with attention dropout) agree with the reference implementation, and a bf16 training step (float32 params and
-optimizer state) follows the float32 one.
+The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) and our Triton kernels (`flash_gpu`,
+bf16 at any head dim, and with attention dropout) agree with the reference implementation, and a bf16 training
+step (float32 params and optimizer state) follows the float32 one.
 """
 
 import jax

@@ -20,8 +20,10 @@ from transformer_jax import attention_masks
 
 # The segment id of padding. For jax's splash kernel, queries and keys alike: padding queries then attend to
 # padding keys, and their outputs are zeroed (`attention_masks.any_key`) like every query's that may attend to
-# nothing. Our kernels zero such rows themselves, and padding keys get _PAD_ID + 1 there.
+# nothing. Our kernels zero such rows themselves; there padding keys get an id of their own, so padding queries
+# see no key.
 _PAD_ID = int(jnp.iinfo(jnp.int32).min)
+_KEY_PAD_ID = _PAD_ID + 1
 _INTERPRET = contextvars.ContextVar('interpret_kernels', default=False)
 
 
@@ -402,7 +404,7 @@ def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
     return _heads_major(out)
 
   out = _dropout_per_device(attend, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
-                            *_padded_segment_ids(spec, q_size, k_size, _PAD_ID + 1), dropout_seeds)
+                            *_padded_segment_ids(spec, q_size, k_size, _KEY_PAD_ID), dropout_seeds)
   return out[:, :q_len]
 
 
@@ -603,5 +605,5 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
   out = _dropout_per_device(
       attend, _pad_to(_pad_to(q, 1, q_size), 3, head_k), _pad_to(_pad_to(k, 1, k_size), 3, head_k),
-      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size, _PAD_ID + 1), seeds)
+      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size, _KEY_PAD_ID), seeds)
   return out[:, :q_len, :, :d_v]
