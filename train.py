@@ -29,13 +29,15 @@ _COMPILE_ONLY = flags.DEFINE_bool(
     'compile_only', False, 'Compile what the run would compile (its train step for every batch shape, its eval '
     'step) for --topology, without its chips and without reading data; report per-chip HBM, FLOPs, collectives '
     'and a roofline step time; exit 1 with what to change if it does not fit.')
-_TOPOLOGY = flags.DEFINE_string('topology', None, 'The TPU slice for --compile_only, e.g. v4-8, v4-32, v5e-8, v5p-8.')
+_TOPOLOGY = flags.DEFINE_string(
+    'topology', None, 'The TPU slice or GPU host for --compile_only, e.g. v4-8, v4-32, v5e-8, v5p-8, h100-1, '
+    'h100-8 (transformer_jax/aot.py).')
 distributed.define_flags()
 flags.register_validator('compile_only', lambda on: not on or _TOPOLOGY.value,
                          message='--compile_only needs --topology (e.g. --topology=v4-32).')
 flags.register_validator('topology', lambda topology: topology is None or _COMPILE_ONLY.value,
-                         message='--topology names the TPU slice that --compile_only compiles for; a run trains on '
-                         'the devices it has: add --compile_only, or drop --topology.')
+                         message='--topology names the TPU slice or GPU host that --compile_only compiles for; a run '
+                         'trains on the devices it has: add --compile_only, or drop --topology.')
 
 
 def compile_only(config) -> None:

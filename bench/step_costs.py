@@ -1,12 +1,15 @@
 """Where a compiled train step's bytes and FLOPs go: per chip, by the part of the model each op comes from.
 
-Compiles the config's train step at its longest batch shape for a TPU slice (`aot.longest_train_step`, the
-program `--compile_only` and bench/fits.py compile) and reads its optimized HLO with `transformer_jax.hlo_costs`:
-each op costed from its shapes (loop bodies × trip count, custom calls by their cost estimate) and attributed by
-its op_name. Prints one JSON line per part and a Markdown table, with XLA's own totals beside the breakdown's.
+Compiles the config's train step at its longest batch shape for a TPU slice or a GPU host
+(`aot.longest_train_step`, the program `--compile_only` and bench/fits.py compile) and reads its optimized HLO
+with `transformer_jax.hlo_costs`: each op costed from its shapes (loop bodies × trip count, custom calls by their
+cost estimate) and attributed by its op_name. Prints one JSON line per part and a Markdown table, with XLA's own
+totals beside the breakdown's (a GPU program compiled without its GPU has none).
 
 python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=v4-8 --mesh=data \
     --set model.num_encoder_layers=2 --set model.num_decoder_layers=2
+JAX_PLATFORMS=cpu python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=h100-1 \
+    --set "pipeline.bucket_boundaries=(128,)" --set pipeline.max_length=128 --set pipeline.tokens_per_batch=25088
 """
 
 import argparse
@@ -50,7 +53,9 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   rows, length = next(iter(program.args[1].values())).shape
   return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
           'compile_seconds': seconds,
-          'xla_bytes_accessed': float(cost['bytes accessed']), 'xla_flops': float(cost['flops']),
+          # a GPU program compiled without its GPU has no cost analysis of XLA's
+          'xla_bytes_accessed': None if cost is None else float(cost['bytes accessed']),
+          'xla_flops': None if cost is None else float(cost['flops']),
           'bytes': sum(p.bytes for p in parts), 'hbm_bytes': sum(p.hbm_bytes for p in parts),
           'flops': sum(p.flops for p in parts),
           'model_flops_per_chip': program.model_flops / chips,
@@ -66,10 +71,11 @@ def table(record: dict) -> str:
            f'{100 * p["bytes"] / record["bytes"]:.0f}%', f'{p["flops"] / 1e9:,.1f}', p['ops']] for p in record['parts']]
   rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '', f'{record["hbm_bytes"] / 1e9:.2f}', '100%',
                f'{record["flops"] / 1e9:,.1f}', sum(p['ops'] for p in record['parts'])])
-  rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}', '',
-               '', '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
-  rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
-               f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', ''])
+  if record['xla_flops'] is not None:
+    rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}',
+                 '', '', '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
+    rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
+                 f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', ''])
   rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '', '',
                f'{record["model_flops_per_chip"] / 1e9:,.1f}', ''])
   return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'of it HBM', 'share',

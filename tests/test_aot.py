@@ -1,4 +1,5 @@
-"""Compiling for a TPU slice without its chips (libtpu's compile-only devices), on this CPU-only machine.
+"""Compiling for a TPU slice or a GPU without them (libtpu's and the CUDA plugin's compile-only devices), on
+this CPU-only machine.
 
 The train step is the base config shrunk by `runlocal` to one layer per side (the full base model takes ~4-9
 minutes per compile on 2 cores; see docs/fits.md for it and the big model on every mesh).
@@ -6,6 +7,7 @@ minutes per compile on 2 cores; see docs/fits.md for it and the big model on eve
 
 import importlib.util
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -158,9 +160,7 @@ def test_flash_tpu_kernel_compiles_inside_the_train_step(attention_dropout, kern
   """jax's splash kernel, or with attention dropout our own (`flash_attention._flash_tpu_dropout`), compiled by
   Mosaic for a TPU, with heads split over the tensor axis."""
   config = small_config('fsdp_tensor', attention='flash_tpu', attention_dropout=attention_dropout)
-  program = _train_step(config)
-  with sharding.activate(program.mesh, program.rules):
-    hlo = program.jitted.lower(*program.args).compile().as_text()
+  hlo = aot.compile_program(_train_step(config)).as_text()
   # 1 encoder + 2 decoder attentions, forward and backward (one backward kernel each): Mosaic custom calls.
   calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
   assert len(calls) == 6 and all(kernel in line for line in calls)
@@ -180,7 +180,7 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
     out = attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.1, dropout_rng=rng)
     return jnp.sum(out.astype(jnp.float32))
 
-  with jax.set_mesh(mesh):
+  with jax.set_mesh(mesh), aot.compiling_for(mesh.devices.flat):
     hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
         qkv, qkv, qkv, jax.ShapeDtypeStruct((4, 1100), jnp.bool_, sharding=rows),
         jax.ShapeDtypeStruct((), key_type)).compile().as_text()
@@ -190,17 +190,53 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
 
 
 def test_topology_names():
-  assert [aot.get_topology(n).num_chips for n in ('v4-8', 'v4-32', 'v5e-8', 'v5p-8', 'v6e-8')] == [4, 16, 8, 4, 8]
+  names = ('v4-8', 'v4-32', 'v5e-8', 'v5p-8', 'v6e-8', 'h100-1', 'h200-8', 'a100-4')
+  assert [aot.get_topology(n).num_chips for n in names] == [4, 16, 8, 4, 8, 1, 8, 4]
+  assert [aot.get_topology(n).chip.platform for n in names] == ['tpu'] * 5 + ['gpu'] * 3
   assert aot.get_topology('v4-32').libtpu_name == 'v4:2x2x4'
-  with pytest.raises(ValueError, match=r"unknown TPU topology 'v4-7': use one of v4-8, "):
+  with pytest.raises(ValueError, match=r"unknown topology 'v4-7': use one of v4-8, .*, h100-8, "):
     aot.get_topology('v4-7')
 
 
-def test_missing_libtpu_says_how_to_install_it_in_one_line(monkeypatch):
+@pytest.mark.parametrize('name, package, install', [
+    ('v6e-4', 'libtpu', rf'pip install "jax\[tpu\]=={jax.__version__}"'),
+    ('h100-8', 'jax_cuda12_plugin', rf'pip install "jax-cuda12-plugin=={jax.__version__}"')])
+def test_a_missing_compiler_says_how_to_install_it_in_one_line(monkeypatch, name, package, install):
   real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else real(name, *a))
-  with pytest.raises(cli.USER_ERRORS, match=rf'pip install "jax\[tpu\]=={jax.__version__}"'):
-    aot.topology_devices('v6e-4')
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda n, *a: None if n == package else real(n, *a))
+  with pytest.raises(cli.USER_ERRORS, match=install):
+    aot.topology_devices(name)
+
+
+@pytest.mark.parametrize('topology, mesh', [('h100-1', 'data'), ('a100-8', 'fsdp')])
+def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
+  """The CUDA plugin compiles for a described GPU on this CPU: the program the GPU would run, with the GPU's
+  choices (our Triton kernels for attention dropout, cuBLAS for every product), and costs from hlo_costs, since
+  such a compile has no cost analysis of XLA's."""
+  config = small_config(mesh, topology, attention_dropout=0.1)
+  program = [p for p in aot.run_programs(config, aot.topology_devices(topology)) if p.what.startswith('train')][-1]
+  text = aot.compile_program(program).as_text()
+  kernels = re.findall(r'op_name="[^"]*/(attention_gpu_\w+)/pallas_call"', text)
+  assert set(kernels) == {'attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv'}
+  assert 'custom_call_target="__cublas$lt$matmul"' in text and 'gemm_fusion' not in text  # xla_options
+  analysis = aot.analyze_program(program, topology)
+  assert analysis.fits and analysis.hbm_capacity > 79 * aot.GiB
+  assert analysis.flops * analysis.num_chips >= analysis.model_flops > 0
+  assert analysis.hbm_bytes == analysis.bytes_accessed > 0  # no on-chip memory spaces on a GPU
+  assert (analysis.collectives['all-reduce'].count > 0) == (analysis.num_chips > 1)
+
+
+def test_cudnn_missing_for_cudnns_attention_says_what_to_do(monkeypatch):
+  """`auto` without attention dropout lowers cuDNN's fused attention on a GPU, and jax then reads cuDNN's version
+  from the library, which the CUDA plugin alone does not bring (absent here, or made so)."""
+  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=import-outside-toplevel
+
+  def absent():
+    raise RuntimeError('cuDNN not found.')
+
+  monkeypatch.setattr(fused_attention_stablehlo, 'check_cudnn_version', absent)
+  with pytest.raises(cli.USER_ERRORS, match=r'needs cuDNN, .*requirements-gpu.txt, or set model.attention=flash_gpu'):
+    aot.run_programs(small_config('data', 'h100-1', d_k=64, d_v=64), aot.topology_devices('h100-1'))  # cuDNN's
 
 
 def test_parse_collectives_counts_each_op_once_with_its_result_bytes():

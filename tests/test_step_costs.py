@@ -104,6 +104,17 @@ def test_a_fused_backward_kernel_counts_its_dq_products_too():
   assert hlo_costs.attention_kernel_flops('splash_mha_dkv_segmented.1', operands, fused) == 5 * block
 
 
+def test_flash_gpus_triton_kernels_count_their_products_by_op_name():
+  """A Triton call keeps no cost estimate and is named only in its op_name; q [2, 16, 3, 8] and k [2, 32, 3, 8]
+  are [batch, length, heads, head dim] there."""
+  operands = ['s32[4]{0}', 'bf16[2,16,3,8]{3,2,1,0}', 'bf16[2,32,3,8]{3,2,1,0}']
+  block = 2 * (2 * 3 * 16 * 32 * 8)
+  name = 'jit(train_step)/transpose(jvp(Transformer))/decoder/layer_0/self_attention/{}/pallas_call'
+  flops = [hlo_costs.attention_kernel_flops('pallas_call.7', operands, 'bf16[2,16,3,8]{3,2,1,0}', name.format(k))
+           for k in ('attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv', 'attention_gpu_other')]
+  assert flops == [2 * block, 3 * block, 4 * block, 0]
+
+
 def test_ops_are_attributed_to_model_parts_by_their_op_names():
   parts = {p.name: p for p in hlo_costs.breakdown(hlo_costs.op_costs(_MODULE))}
   assert parts['pre-softmax layer + loss'].flops == 5 * 2 * 8 * 4 * 16

@@ -1,15 +1,16 @@
-"""Compile for a TPU slice without its chips, and read what the program needs: per-chip HBM, FLOPs, collectives.
+"""Compile for a TPU slice or a GPU machine without its chips, and read what the program needs: per-chip HBM,
+FLOPs, collectives.
 
-libtpu compiles for a named topology on any machine (`jax.experimental.topologies` gives compile-only devices),
-so a config's train step can be checked against a slice before one is rented: whether it fits in HBM (and what
-to change when it does not), which collectives XLA inserted for the mesh, and a roofline step time.
-GPU targets are not covered: the CUDA plugin (jax-cuda12-plugin 0.10.2) refuses a GPU topology on a machine
-without a GPU ("No visible GPU devices") unless given a GpuTargetConfigProto as `target_config`, and compiling
-would then also need ptxas and libdevice; that path is untried here.
+libtpu compiles for a named TPU topology on any machine, and the CUDA plugin (jax-cuda12-plugin) for a GPU
+described by a target config (`gpu_target_config`), both through `jax.experimental.topologies`' compile-only
+devices. So a config's train step can be checked against a slice or a GPU box before one is rented: whether it
+fits in HBM (and what to change when it does not), which collectives XLA inserted for the mesh, and a roofline
+step time; and the H100's program, the one a lent H100 runs, can be read on a CPU (bench.step_costs).
 
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
 """
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -32,19 +33,40 @@ GiB = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
+class GpuDevice:
+  """What XLA's GPU compiler needs to know of a GPU it has not got (GpuTargetConfigProto's gpu_device_info, the
+  fields that differ between generations; the rest are the same on every NVIDIA GPU since Volta)."""
+
+  compute_capability: tuple[int, int]
+  core_count: int  # streaming multiprocessors
+  fpus_per_core: int  # FP32 lanes per SM
+  clock_rate_ghz: float  # boost clock
+  shared_memory_per_core: int  # bytes per SM
+  shared_memory_per_block_optin: int
+  l2_cache_size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Chip:
-  """One TPU generation's chip, with Google's published per-chip figures (peak FLOP/s: metrics.PEAK_BF16_FLOPS)."""
+  """One TPU or GPU generation's chip, with its maker's published figures (peak FLOP/s: metrics.PEAK_BF16_FLOPS).
+
+  A TPU chip carries libtpu's names for it; a GPU its `GpuDevice`."""
 
   device_kind: str  # jax's Device.device_kind
   hbm_bytes: int
   hbm_bandwidth: float  # bytes/s
-  libtpu_prefix: str  # libtpu's topology names are '<prefix>:<shape>', e.g. 'v4:2x2x1'
-  chip_config: str  # libtpu's chip_config_name: 'megacore' makes a two-TensorCore chip one device, as on a VM
-  cores_in_name: int  # the accelerator-type name counts TensorCores: v4-8 is 4 chips, v5e-8 is 8
+  libtpu_prefix: str = ''  # libtpu's topology names are '<prefix>:<shape>', e.g. 'v4:2x2x1'
+  chip_config: str = ''  # libtpu's chip_config_name: 'megacore' makes a two-TensorCore chip one device, as on a VM
+  cores_in_name: int = 1  # a TPU's accelerator-type name counts TensorCores: v4-8 is 4 chips, v5e-8 is 8
+  gpu: GpuDevice | None = None
 
   @property
   def peak_flops(self) -> float:
-    return metrics_lib.PEAK_BF16_FLOPS[self.device_kind]
+    return metrics_lib.peak_flops_per_device(self)
+
+  @property
+  def platform(self) -> str:
+    return 'tpu' if self.gpu is None else 'gpu'
 
 
 CHIPS = {
@@ -52,15 +74,27 @@ CHIPS = {
     'v5e': Chip('TPU v5 lite', 16 * GiB, 8.19e11, 'v5e', 'default', 1),
     'v5p': Chip('TPU v5', 95 * GiB, 2.765e12, 'v5p', 'megacore', 2),
     'v6e': Chip('TPU v6 lite', 32 * GiB, 1.638e12, 'v6e', 'default', 1),
+    # SXM parts; HBM as nvidia-smi reports it (bench/RESULTS.md's H100 and H200 visits)
+    'a100': Chip('NVIDIA A100-SXM4-80GB', 81_920 << 20, 2.039e12,
+                 gpu=GpuDevice((8, 0), 108, 64, 1.41, 167_936, 166_912, 40 << 20)),
+    'h100': Chip('NVIDIA H100 80GB HBM3', 81_559 << 20, 3.35e12,
+                 gpu=GpuDevice((9, 0), 132, 128, 1.98, 233_472, 232_448, 50 << 20)),
+    'h200': Chip('NVIDIA H200', 143_771 << 20, 4.8e12,
+                 gpu=GpuDevice((9, 0), 132, 128, 1.98, 233_472, 232_448, 50 << 20)),
 }
 _SHAPES_3D = ('2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8')
 _SHAPES_2D = ('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
-_SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D}
+_SHAPES_GPU = ('1x1x1', '1x1x2', '1x1x4', '1x1x8')  # one host: (slices, hosts, GPUs per host), as the plugin's
+_SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D,
+           'a100': _SHAPES_GPU, 'h100': _SHAPES_GPU, 'h200': _SHAPES_GPU}
+# The CUDA and cuDNN versions a GPU program is compiled for: those requirements-gpu.txt installs
+_CUDA_VERSION, _CUDNN_VERSION = (12, 9), (9, 8)
 
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  """A single slice by its accelerator-type name (e.g. 'v4-8') and its chip grid (e.g. '2x2x1')."""
+  """A single TPU slice by its accelerator-type name (e.g. 'v4-8') and chip grid (e.g. '2x2x1'), or one GPU
+  host by its GPUs' kind and count (e.g. 'h100-8', grid '1x1x8')."""
 
   name: str
   chip: Chip
@@ -97,37 +131,73 @@ TOPOLOGIES = _all_topologies()
 
 def get_topology(name: str) -> Topology:
   if name not in TOPOLOGIES:
-    raise ValueError(f'unknown TPU topology {name!r}: use one of {", ".join(TOPOLOGIES)}.')
+    raise ValueError(f'unknown topology {name!r}: use one of {", ".join(TOPOLOGIES)}.')
   return TOPOLOGIES[name]
 
 
-def _libtpu_missing_error(name: str) -> MissingDependencyError:
+def gpu_target_config(chip: Chip) -> str:
+  """The GpuTargetConfigProto (text format) that lets the CUDA plugin compile for `chip` without one."""
+  gpu = chip.gpu
+  major, minor = gpu.compute_capability
+  return '\n'.join([
+      'gpu_device_info {',
+      '  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152',
+      f'  shared_memory_per_core: {gpu.shared_memory_per_core} threads_per_core_limit: 2048',
+      f'  core_count: {gpu.core_count} fpus_per_core: {gpu.fpus_per_core}',
+      '  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535',
+      f'  memory_bandwidth: {int(chip.hbm_bandwidth)} l2_cache_size: {gpu.l2_cache_size}',
+      f'  clock_rate_ghz: {gpu.clock_rate_ghz} device_memory_size: {chip.hbm_bytes}',
+      f'  shared_memory_per_block_optin: {gpu.shared_memory_per_block_optin}',
+      f'  cuda_compute_capability {{ major: {major} minor: {minor} }}',
+      '  registers_per_core_limit: 65536 registers_per_block_limit: 65536',
+      '}',
+      'platform_name: "CUDA"',
+      f'dnn_version_info {{ major: {_CUDNN_VERSION[0]} minor: {_CUDNN_VERSION[1]} }}',
+      f'runtime_version {{ major: {_CUDA_VERSION[0]} minor: {_CUDA_VERSION[1]} }}',
+      f'device_description_str: "{chip.device_kind}"'])
+
+
+def _missing_compiler_error(name: str) -> MissingDependencyError:
+  if get_topology(name).chip.platform == 'gpu':
+    return MissingDependencyError(f'compiling for {name} needs the CUDA plugin, which is not installed: '
+                                  f'pip install "jax-cuda12-plugin=={jax.__version__}" (or -r requirements-gpu.txt)')
   return MissingDependencyError(f'compiling for {name} needs libtpu, which is not installed: '
-                      f'pip install "jax[tpu]=={jax.__version__}"')
+                                f'pip install "jax[tpu]=={jax.__version__}"')
 
 
 @functools.cache
 def topology_devices(name: str) -> tuple:
-  """The compile-only devices of a named slice (one per chip), usable in a Mesh on a machine without TPUs."""
+  """The compile-only devices of a named slice or GPU host (one per chip), usable in a Mesh on a machine without
+  them."""
   topo = get_topology(name)
-  if importlib.util.find_spec('libtpu') is None:
-    raise _libtpu_missing_error(name)
-  # libtpu locks /tmp/libtpu_lockfile so that one process owns the chips; compiling opens none, and parallel
-  # test workers or a second compile would otherwise be refused.
-  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:
-    desc = topologies.get_topology_desc(
-        topology_name=topo.libtpu_name, platform='tpu', chip_config_name=topo.chip.chip_config,
-        chips_per_host_bounds=topo.chips_per_host, num_slices=1)
-  except RuntimeError as e:
-    if 'TPU support not installed' in str(e):
-      raise _libtpu_missing_error(name) from None
-    raise
+  if topo.chip.platform == 'gpu':
+    if importlib.util.find_spec('jax_cuda12_plugin') is None:
+      raise _missing_compiler_error(name)
+    try:
+      desc = topologies.get_topology_desc(platform='cuda', target_config=gpu_target_config(topo.chip),
+                                          topology=topo.shape)
+    except NotImplementedError:  # the plugin did not register: it checks a GPU's CUDA when JAX may use one
+      raise RuntimeError(f'the CUDA plugin did not start, so nothing compiles for {name}: on a machine without a '
+                         'GPU run with JAX_PLATFORMS=cpu') from None
+  else:
+    if importlib.util.find_spec('libtpu') is None:
+      raise _missing_compiler_error(name)
+    # libtpu locks /tmp/libtpu_lockfile so that one process owns the chips; compiling opens none, and parallel
+    # test workers or a second compile would otherwise be refused.
+    os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+    try:
+      desc = topologies.get_topology_desc(
+          topology_name=topo.libtpu_name, platform='tpu', chip_config_name=topo.chip.chip_config,
+          chips_per_host_bounds=topo.chips_per_host, num_slices=1)
+    except RuntimeError as e:
+      if 'TPU support not installed' in str(e):
+        raise _missing_compiler_error(name) from None
+      raise
   devices = tuple(desc.devices)
   if len(devices) != topo.num_chips or devices[0].device_kind != topo.chip.device_kind:
-    raise RuntimeError(f'libtpu gave {len(devices)} {devices[0].device_kind} devices for {name} '
-                       f'({topo.libtpu_name}), expected {topo.num_chips} {topo.chip.device_kind}.')
+    raise RuntimeError(f'the compiler gave {len(devices)} {devices[0].device_kind} devices for {name} '
+                       f'({topo.shape}), expected {topo.num_chips} {topo.chip.device_kind}.')
   return devices
 
 
@@ -178,7 +248,8 @@ class Analysis:
   analysis of the per-chip program, `flops` plus those of the attention kernels that carry no cost estimate
   (`hlo_costs.attention_kernel_flops`; XLA counts them as none); XLA counts a loop's body once, so each further
   run of it (`model.scan_layers`, `train.grad_accum_steps`, XLA's windowed matmuls under FSDP) adds its ops as
-  `hlo_costs` costs them. The step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower bound that
+  `hlo_costs` costs them (a GPU program compiled without its GPU has no cost analysis: both are then `hlo_costs`'
+  sums over its ops). The step time is max(flops / peak, bytes_accessed / HBM bandwidth), a lower bound that
   ignores communication and assumes perfect overlap, and `mfu_bound` the MFU it would allow.
 
   XLA's bytes count every read and write wherever the buffer lives; a TPU compiler keeps many in on-chip memory
@@ -256,6 +327,26 @@ class Analysis:
     return out
 
 
+@contextlib.contextmanager
+def compiling_for(devices):
+  """Compiles for `devices` (compile-only ones, of a TPU slice or GPU host). Their executables cannot be loaded
+  from jax's persistent cache (there is no client to load them into), so none is written to it. On a GPU, jax reads
+  cuDNN's version from the library when it lowers cuDNN's fused attention (what `auto` runs without attention
+  dropout), which the CUDA plugin alone does not bring: that error says what to do in one line."""
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', math.inf)
+  try:
+    yield
+  except RuntimeError as e:
+    if devices[0].platform != 'gpu' or 'cuDNN not found' not in str(e):
+      raise
+    raise MissingDependencyError(
+        f"compiling cuDNN's fused attention for {devices[0].device_kind} needs cuDNN, which is not installed: "
+        'pip install -r requirements-gpu.txt, or set model.attention=flash_gpu') from None
+  finally:
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', before)
+
+
 def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
             model_flops: float | None = None) -> Analysis:
   """Lowers and compiles `jitted(*args)` (ShapeDtypeStructs with shardings on the topology's devices).
@@ -268,10 +359,13 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
   arguments = {name: bytes_per_chip(tree) for name, tree in (groups or {}).items()}
   common = dict(topology=topology, num_chips=topo.num_chips, hbm_capacity=topo.chip.hbm_bytes,
                 peak_flops=topo.chip.peak_flops, hbm_bandwidth=topo.chip.hbm_bandwidth, model_flops=model_flops)
-  lowered = jitted.lower(*args)
+  devices = topology_devices(topology)
+  with compiling_for(devices):
+    lowered = jitted.lower(*args)
   start = time.perf_counter()
   try:
-    compiled = lowered.compile()
+    with compiling_for(devices):
+      compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     found = _OOM_RE.search(str(e))
     if not str(e).startswith('RESOURCE_EXHAUSTED') or not found:
@@ -289,18 +383,20 @@ def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
   arguments['other'] = memory.argument_size_in_bytes - sum(arguments.values())
   text = compiled.as_text()
   ops = hlo_costs.op_costs(text)
-  kernel_flops = sum(op.total_flops for op in ops if not op.estimated)
-  # XLA counts a loop body once (a scan over layers, gradient accumulation, a windowed matmul): its further runs
-  # from hlo_costs.
-  repeats = [op for op in ops if op.count > 1]
-  loop_flops = sum((op.count - 1) * op.flops for op in repeats if op.estimated)
-  loop_bytes = sum((op.count - 1) * op.bytes for op in repeats)
+  if cost is None:  # the CUDA plugin's compile-only executables have none: hlo_costs' count of every op and run
+    flops, bytes_accessed = sum(op.total_flops for op in ops), sum(op.total_bytes for op in ops)
+  else:
+    # XLA counts neither custom calls without a cost estimate nor a loop body's further runs (a scan over layers,
+    # gradient accumulation, a windowed matmul): those from hlo_costs
+    repeats = [op for op in ops if op.count > 1]
+    flops = (float(cost.get('flops', 0.0)) + sum(op.total_flops for op in ops if not op.estimated)
+             + sum((op.count - 1) * op.flops for op in repeats if op.estimated))
+    bytes_accessed = float(cost.get('bytes accessed', 0.0)) + sum((op.count - 1) * op.bytes for op in repeats)
   return Analysis(
       **common, arguments=arguments, argument_bytes=memory.argument_size_in_bytes,
       output_bytes=memory.output_size_in_bytes - memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
       code_bytes=memory.generated_code_size_in_bytes,
-      flops=float(cost.get('flops', 0.0)) + kernel_flops + loop_flops,
-      bytes_accessed=float(cost.get('bytes accessed', 0.0)) + loop_bytes,
+      flops=flops, bytes_accessed=bytes_accessed,
       hbm_bytes=sum(op.total_hbm_bytes for op in ops), collectives=parse_collectives(text), compile_seconds=seconds)
 
 
@@ -336,7 +432,8 @@ def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
   """What a run of `config` compiles, with abstract sharded arguments on `devices`, built as the trainer builds
   them (`run_builder.build`): the train step for every batch shape (one per token-budget bucket) and the eval step
   for the widest evaluation batch."""
-  run = run_builder.build(config, devices)
+  with compiling_for(devices):  # tracing the model's initialisation lowers its attention too
+    run = run_builder.build(config, devices)
   groups = {'params': run.abstract_state.params, 'optimizer': run.abstract_state.opt_state}
   programs = []
   for shapes in run.train_batch_shapes:
@@ -371,7 +468,7 @@ def analyze_train_step(config: ml_collections.ConfigDict, topology: str) -> Anal
 
 def compile_program(program: Program):
   """The compiled executable of a program, lowered under its mesh and rules (for reading its HLO)."""
-  with sharding.activate(program.mesh, program.rules):
+  with sharding.activate(program.mesh, program.rules), compiling_for(program.mesh.devices.flat):
     return program.jitted.lower(*program.args).compile()
 
 
@@ -431,10 +528,11 @@ def summary(analysis: Analysis, config: ml_collections.ConfigDict | None = None)
                                                    for k, c in a.collectives.items() if c.count) or 'none'),
               f'{a.flops / 1e12:.2f} TFLOP and {a.bytes_accessed / 1e9:.1f} GB accessed per chip: roofline step '
               f'{1e3 * a.step_seconds:.1f} ms ({a.bound} bound)'
-              + (f', MFU at most {100 * a.mfu_bound:.0f}%' if a.mfu_bound is not None else ''),
-              f'{a.hbm_bytes / 1e9:.1f} GB of them to and from HBM (the rest in on-chip memory)'
-              + (f': MFU at most {100 * a.hbm_mfu_bound:.0f}% by HBM traffic alone'
-                 if a.hbm_mfu_bound is not None else '')]
+              + (f', MFU at most {100 * a.mfu_bound:.0f}%' if a.mfu_bound is not None else '')]
+    if a.hbm_bytes < a.bytes_accessed:  # a TPU's on-chip memories (a GPU program's arrays are all in HBM)
+      lines.append(f'{a.hbm_bytes / 1e9:.1f} GB of them to and from HBM (the rest in on-chip memory)'
+                   + (f': MFU at most {100 * a.hbm_mfu_bound:.0f}% by HBM traffic alone'
+                      if a.hbm_mfu_bound is not None else ''))
   hint = advice(a, config) if config is not None else None
   if hint:
     lines.append('advice: ' + hint)

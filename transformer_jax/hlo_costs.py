@@ -191,6 +191,10 @@ class OpCost:
 # count with them.
 ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), 'splash_mha_dkv': (8, True)}
 FUSED_DQ_FACTOR = 2
+# `flash_gpu`'s Triton kernels: a Triton call keeps no cost estimate, and has a name of its own only in its
+# op_name ('.../attention_gpu_fwd/pallas_call'); q and k are its first two rank-4 operands, [batch, length, heads,
+# head dim]. The same factors, every block counted.
+GPU_ATTENTION_KERNELS = {'attention_gpu_fwd': 4, 'attention_gpu_dq': 6, 'attention_gpu_dkv': 8}
 
 
 def _attention_kernel(name: str) -> tuple[int, bool]:
@@ -198,16 +202,20 @@ def _attention_kernel(name: str) -> tuple[int, bool]:
   return next((kernel for prefix, kernel in ATTENTION_KERNELS.items() if name.startswith(prefix)), (0, False))
 
 
-def attention_kernel_flops(name: str, operand_types: list[str], result_type: str) -> float:
-  """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' and result's shapes; 0 for any other
-  custom call."""
+def attention_kernel_flops(name: str, operand_types: list[str], result_type: str, op_name: str = '') -> float:
+  """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' and result's shapes, or of a
+  `GPU_ATTENTION_KERNELS` call (by its `op_name`); 0 for any other custom call."""
   factor, _ = _attention_kernel(name)
-  if not factor:
+  gpu_factor = next((f for kernel, f in GPU_ATTENTION_KERNELS.items() if f'/{kernel}/' in op_name), 0)
+  if not factor and not gpu_factor:
     return 0.0
+  q, k = [dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
+  if gpu_factor:
+    (batch, q_len, heads, head_dim), k_len = q, k[1]
+    return float(gpu_factor * batch * heads * q_len * k_len * head_dim)
   if name.startswith('splash_mha_dkv') and any(len(dims) == 5 for _, dims in _arrays(result_type)):
     factor += FUSED_DQ_FACTOR
-  (batch, heads, q_len, head_dim), (_, _, k_len, _) = [
-      dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
+  (batch, heads, q_len, head_dim), k_len = q, k[2]
   return float(factor * batch * heads * q_len * k_len * head_dim)
 
 
@@ -438,7 +446,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
                               hbm_bytes=estimated_bytes * hbm_share))
         else:
           target = target[1] if target else ''
-          flops = (attention_kernel_flops(i.name, operand_types, i.type)
+          flops = (attention_kernel_flops(i.name, operand_types, i.type, i.op_name)
                    or library_gemm_flops(target, i.attributes, operand_types, i.type))
           costs.append(OpCost(i.name, i.opcode, i.op_name, read + written, flops, 0.0, count, target,
                               estimated=False, hbm_bytes=hbm_read + hbm_written))
