@@ -13,7 +13,7 @@ from configs import table3
 from transformer_jax import attention_masks
 from transformer_jax import flash_attention
 from transformer_jax import sharding
-from transformer_jax.model import MultiHeadAttention, Transformer, shift_right, sinusoidal_encoding
+from transformer_jax.model import MultiHeadAttention, Transformer, relu_dropout, shift_right, sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
 
@@ -245,6 +245,23 @@ def test_dropout_is_active_in_training_only():
   a = model.apply({'params': params}, inputs, targets, deterministic=False, rngs={'dropout': jax.random.key(1)})
   b = model.apply({'params': params}, inputs, targets, deterministic=False, rngs={'dropout': jax.random.key(2)})
   assert np.max(np.abs(np.asarray(a - det))) > 1e-3 and np.max(np.abs(np.asarray(a - b))) > 1e-3
+
+
+@pytest.mark.parametrize('dropout', [True, False])
+def test_relu_dropout_keeps_only_its_output_for_the_backward_pass(dropout):
+  """The FFN's ReLU + dropout: the values and gradients of max(0, h) with the mask, from the output alone."""
+  h = jax.random.normal(jax.random.key(0), (4, 8, 16)).at[0, 0, :4].set(0.0)  # ReLU's kink too
+  mask = jax.random.bernoulli(jax.random.key(1), 0.7, h.shape) if dropout else None
+  keep = 0.7 if dropout else 1.0
+  plain = lambda h: jax.nn.relu(h) if mask is None else jnp.where(mask, jax.nn.relu(h) / keep, 0)  # as before
+  y, vjp = jax.vjp(lambda h: relu_dropout(h, mask, keep), h)
+  dy = jax.random.normal(jax.random.key(2), h.shape)
+  ours = lambda h: relu_dropout(h, mask, keep)
+  both = lambda f: jax.jit(lambda h, dy: (f(h), jax.vjp(f, h)[1](dy)))(h, dy)  # compiled, as in the train step
+  for got, want in zip(jax.tree.leaves(both(ours)), jax.tree.leaves(both(plain))):
+    np.testing.assert_array_equal(got, want)
+  residuals = [x for x in jax.tree.leaves(vjp) if getattr(x, 'ndim', 0)]
+  assert len(residuals) == 1 and np.array_equal(residuals[0], y)  # neither h nor the mask
 
 
 def test_attention_dropout_trains_alike_in_chunked_and_reference():

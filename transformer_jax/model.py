@@ -14,6 +14,7 @@ LayerNorm scales 1. Every parameter and key activation carries logical axis name
 to mesh axes. One file: the architecture read in one place, as the paper describes it.
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -75,13 +76,37 @@ class Dropout(nn.Module):
   config: ModelConfig
   rate: float
 
-  def __call__(self, x, deterministic: bool):
+  def keep_mask(self, shape, deterministic: bool) -> jax.Array | None:
+    """Which elements of an input of `shape` this call keeps; None when it keeps them all."""
     if deterministic or self.rate == 0.0:
-      return x
-    keep = 1.0 - self.rate
+      return None
     cpu = cpu_backend.enabled(self.config.cpu_kernels)
-    mask = cpu_backend.keep_mask(self.make_rng('dropout'), keep, x.shape, cpu)
-    return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
+    return cpu_backend.keep_mask(self.make_rng('dropout'), 1.0 - self.rate, shape, cpu)
+
+  def __call__(self, x, deterministic: bool):
+    mask = self.keep_mask(x.shape, deterministic)
+    return x if mask is None else jax.lax.select(mask, x / (1.0 - self.rate), jnp.zeros_like(x))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def relu_dropout(h, mask, keep: float):
+  """max(0, h), then dropout's `mask` (None: none) and 1/keep scaling, differentiated from the output alone: it is
+  > 0 exactly where h > 0 and the mask keeps, so the backward pass needs neither h nor the mask, and the output
+  is kept for the next product's backward pass anyway."""
+  y = jnp.maximum(h, 0)
+  return y if mask is None else jax.lax.select(mask, y / keep, jnp.zeros_like(y))
+
+
+def _relu_dropout_fwd(h, mask, keep):
+  y = relu_dropout(h, mask, keep)
+  return y, y
+
+
+def _relu_dropout_bwd(keep, y, dy):
+  return jax.lax.select(y > 0, dy / keep, jnp.zeros_like(dy)), None
+
+
+relu_dropout.defvjp(_relu_dropout_fwd, _relu_dropout_bwd)
 
 
 class Embedder(nn.Module):
@@ -259,7 +284,7 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value, spec
 
 
-_ACTIVATION_FNS = {'relu': nn.relu, 'gelu': lambda x: nn.gelu(x, approximate=False), 'swish': nn.swish}
+_ACTIVATION_FNS = {'gelu': lambda x: nn.gelu(x, approximate=False), 'swish': nn.swish}  # ReLU: `relu_dropout`
 
 
 class FeedForward(nn.Module):
@@ -272,8 +297,13 @@ class FeedForward(nn.Module):
   def __call__(self, x):
     cfg = self.config
     h = dense(cfg, cfg.d_ff, ('embed', 'mlp'), use_bias=True, name='wi')(x)
-    h = _constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp'))
-    h = Dropout(cfg, cfg.relu_dropout)(h, self.deterministic)
+    dropout = Dropout(cfg, cfg.relu_dropout)
+    if cfg.activation == 'relu':
+      h = relu_dropout(h, dropout.keep_mask(h.shape, self.deterministic), 1.0 - cfg.relu_dropout)
+      h = _constrain(h, ('batch', 'length', 'mlp'))
+    else:
+      h = _constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp'))
+      h = dropout(h, self.deterministic)
     return dense(cfg, cfg.d_model, ('mlp', 'embed'), use_bias=True, name='wo')(h)
 
 
