@@ -219,6 +219,7 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   kernels = re.findall(r'op_name="[^"]*/(attention_gpu_\w+)/pallas_call"', text)
   assert set(kernels) == {'attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv'}
   assert 'custom_call_target="__cublas$lt$matmul"' in text and 'gemm_fusion' not in text  # xla_options
+  assert not re.search(r'u32\[\d+,\d+,\d+', text)  # dropout's masks hashed where they are used: no random bits kept
   analysis = aot.analyze_program(program, topology)
   assert analysis.fits and analysis.hbm_capacity > 79 * aot.GiB
   assert analysis.flops * analysis.num_chips >= analysis.model_flops > 0

@@ -11,6 +11,7 @@ import pytest
 from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
+from transformer_jax import dropout_masks
 from transformer_jax import flash_attention
 from transformer_jax import model_config
 from transformer_jax import sharding
@@ -125,7 +126,7 @@ def _dropped_reference(q, k, v, spec, rng):
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
   mask = attention_masks.full_mask(spec)
   weights = jax.nn.softmax(jnp.where(mask, scores, attention_masks.NEG), axis=-1) * jnp.any(mask, -1, keepdims=True)
-  factors = attention.dropout_scale(attention_masks.dropout_seeds(rng), RATE, 0, 0, weights.shape)
+  factors = attention.dropout_scale(dropout_masks.seeds(rng), RATE, 0, 0, weights.shape)
   return jnp.einsum('bhqk,bkhd->bqhd', weights * factors, v)
 
 
@@ -154,7 +155,7 @@ def test_chunked_attention_dropout_gradients_follow_the_same_weights():
 
 def test_dropout_keeps_weights_at_the_rate_independently_per_row_head_and_position():
   keep = 1.0 - RATE
-  seeds = attention_masks.dropout_seeds(jax.random.key(5))
+  seeds = dropout_masks.seeds(jax.random.key(5))
   rows = attention_masks.dropout_row_keys(seeds, jnp.arange(4)[:, None, None, None], jnp.arange(8)[None, :, None, None])
   kept = np.asarray(attention_masks.dropout_keep(rows, seeds[1], jnp.arange(256)[:, None], jnp.arange(256)[None],
                                                  keep))  # [4, 8, 256, 256]: 2M draws

@@ -4,7 +4,6 @@ host-memory setting makes large blocks come from the reused heap."""
 
 import functools
 import json
-import math
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import aot, checkpoint, cpu_backend, hlo_costs, metrics
+from transformer_jax import aot, checkpoint, cpu_backend, metrics
 from transformer_jax import model as model_lib
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -72,43 +71,6 @@ def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(
   ours = jax.jit(jax.value_and_grad(functools.partial(loss, 'on')))(params)
   stock = jax.jit(jax.value_and_grad(functools.partial(loss, 'off')))(params)
   _assert_close(ours, stock)
-
-
-@pytest.mark.parametrize('cpu', [False, True])
-def test_keep_masks_keep_at_the_rate_independently_and_reproducibly(cpu):
-  keep, shape = 0.9, (1000, 1001)  # a last axis of 1001: each row's last evaluation has one of its four draws used
-  mask = np.asarray(cpu_backend.keep_mask(jax.random.key(5), keep, shape, cpu))
-  assert mask.shape == shape and mask.dtype == bool
-  n, flat = mask.size, mask.reshape(-1).astype(np.float64)
-  assert abs(flat.mean() - keep) < 5 * np.sqrt(keep * (1 - keep) / n)  # five standard deviations
-  for lag in (1, 2):  # one word's two draws and adjacent words; one evaluation's two words
-    assert abs(np.corrcoef(flat[:-lag], flat[lag:])[0, 1]) < 5 / np.sqrt(n - lag)
-  np.testing.assert_array_equal(mask, cpu_backend.keep_mask(jax.random.key(5), keep, shape, cpu))
-  assert (mask != np.asarray(cpu_backend.keep_mask(jax.random.key(6), keep, shape, cpu))).mean() > 0.1
-  assert cpu_backend.keep_mask(jax.random.key(5), keep, (7, 3, 5), cpu).shape == (7, 3, 5)
-
-
-def test_cpu_keep_masks_take_one_threefry_evaluation_per_four_elements():
-  def random_work(cpu):
-    """(32-bit words drawn from the key, one threefry2x32 evaluation each; threefry2x32 evaluations of its own)"""
-    jaxpr = jax.make_jaxpr(lambda key: cpu_backend.keep_mask(key, 0.9, (64, 100), cpu))(jax.random.key(0)).jaxpr
-    eqns = list(helpers.equations(jaxpr))
-    return (sum(math.prod(eqn.params['shape']) for eqn in eqns if eqn.primitive.name == 'random_bits'),
-            sum(eqn.invars[2].aval.size for eqn in eqns if eqn.primitive.name == 'threefry2x32'))
-
-  assert random_work(False) == (64 * 100, 0)  # bernoulli: a word per element
-  assert random_work(True) == (2, 64 * 100 // 4)  # a threefry key, then an evaluation per four elements
-
-
-def test_cpu_keep_masks_are_drawn_shard_by_shard():
-  mesh = _mesh_of(jax.devices()[:4])
-  x = jax.device_put(jnp.ones((8, 6, 10)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
-  dropped = jax.jit(lambda key, x: jnp.where(cpu_backend.keep_mask(key, 0.9, x.shape, True), x / 0.9, 0))
-  hlo = dropped.lower(jax.random.key(1), x).compile().as_text()
-  assert not [op for op in hlo_costs.COLLECTIVES if op in hlo]
-  np.testing.assert_array_equal(dropped(jax.random.key(1), x), dropped(jax.random.key(1), np.ones((8, 6, 10))))
-  with pytest.raises(ValueError, match='more than 2.32 threefry counters; split the batch'):
-    jax.eval_shape(lambda key: cpu_backend.keep_mask(key, 0.9, (1 << 17, 1 << 17), True), jax.random.key(0))
 
 
 @pytest.mark.parametrize('setting', ['off', 'on'])

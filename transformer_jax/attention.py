@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from transformer_jax import attention_masks
 from transformer_jax import cpu_backend
+from transformer_jax import dropout_masks
 from transformer_jax import flash_attention
 from transformer_jax import sharding
 from transformer_jax.attention_masks import NEG
@@ -188,5 +189,5 @@ def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', ch
     if length > attention_masks.MAX_DROPOUT_LENGTH:
       raise ValueError(f'attention dropout takes sequences of up to {attention_masks.MAX_DROPOUT_LENGTH} '
                        f'positions, not {length}: shorten them or set model.attention_dropout=0.')
-    options.update(dropout_rate=dropout_rate, dropout_seeds=attention_masks.dropout_seeds(dropout_rng))
+    options.update(dropout_rate=dropout_rate, dropout_seeds=dropout_masks.seeds(dropout_rng))
   return IMPLEMENTATIONS[name](q, k, v, spec, **options)

@@ -6,6 +6,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import dropout_masks
+
 NEG = -1e30  # finite "minus infinity": keeps exp() and max() free of NaNs on fully masked rows
 
 
@@ -69,35 +71,23 @@ def any_key(spec: MaskSpec, dtype):
   return jnp.any(full_mask(spec), axis=-1)[:, 0, :, None, None].astype(dtype)
 
 
-# --- attention dropout's keep mask: a counter-based hash of (batch row, head, query, key), so that every
-# implementation, every block of one and every kernel draws the same bits without materialising them
+# --- attention dropout's keep mask: `dropout_masks`' counter-based hash of (batch row, head, query, key), keyed
+# by `dropout_masks.seeds`, so that every implementation, every block of one and every kernel draws the same bits
+# without materialising them
 
 MAX_DROPOUT_LENGTH = 1 << 16  # query and key positions share one 32-bit counter
 
 
-def _mix(x: jax.Array) -> jax.Array:
-  """A bijective hash of 32-bit integers (xor-shift and multiply rounds), on int32 with logical shifts."""
-  x = x ^ jax.lax.shift_right_logical(x, jnp.int32(16))
-  x = x * jnp.int32(0x7FEB352D)
-  x = x ^ jax.lax.shift_right_logical(x, jnp.int32(15))
-  x = x * jnp.int32(0x846CA68B - (1 << 32))
-  return x ^ jax.lax.shift_right_logical(x, jnp.int32(16))
-
-
-def dropout_seeds(rng) -> jax.Array:
-  """int32[2]: the two words a step's dropout key gives attention dropout's hash."""
-  return jax.lax.bitcast_convert_type(jax.random.bits(rng, (2,), jnp.uint32), jnp.int32)
-
-
 def dropout_row_keys(seeds: jax.Array, batch_index: jax.Array, head_index: jax.Array) -> jax.Array:
   """The hash's key for each (batch row, head) the indices broadcast to."""
-  return _mix(_mix(batch_index.astype(jnp.int32) ^ seeds[0]) ^ head_index.astype(jnp.int32))
+  mix = dropout_masks.mix
+  return mix(mix(batch_index.astype(jnp.int32) ^ seeds[0]) ^ head_index.astype(jnp.int32))
 
 
 def dropout_keep(row_key, seed, q_pos, k_pos, keep_prob: float) -> jax.Array:
   """True where attention dropout keeps the weight of query `q_pos` on key `k_pos` (positions below
-  MAX_DROPOUT_LENGTH), for the (batch row, head) of `row_key`; `seed` is the second of `dropout_seeds`. Kept with
+  MAX_DROPOUT_LENGTH), for the (batch row, head) of `row_key`; `seed` is the second of `dropout_masks.seeds`. Kept with
   probability keep_prob to within 2^-24."""
-  x = _mix(row_key + ((q_pos.astype(jnp.int32) << 16) | k_pos.astype(jnp.int32)))
-  x = _mix(x ^ seed)
-  return jax.lax.shift_right_logical(x, jnp.int32(8)) < jnp.int32(round(keep_prob * (1 << 24)))
+  x = dropout_masks.mix(row_key + ((q_pos.astype(jnp.int32) << 16) | k_pos.astype(jnp.int32)))
+  x = dropout_masks.mix(x ^ seed)
+  return dropout_masks.below(x, keep_prob)

@@ -99,14 +99,12 @@ def remat_policy(policy):
 _PER_EVALUATION = 4  # 16-bit draws from threefry2x32's two 32-bit words
 
 
-def keep_mask(rng, keep_prob: float, shape, cpu: bool) -> jax.Array:
-  """Dropout's keep mask, True with probability `keep_prob`: `jax.random.bernoulli`'s (nn.Dropout's), or with
-  `cpu` 16-bit draws, four per threefry2x32 evaluation where bernoulli spends one per element, kept below
-  round(keep_prob · 2^16) (a keep probability within 2^-17 of keep_prob). The random bits were the largest cost
-  of dropout on XLA:CPU; on a TPU, 16-bit draws made the program move more bytes (bench/RESULTS.md). The counters
-  are laid out like the mask (its last axis in fours), so a mask sharded over leading axes is drawn shard by shard."""
-  if not cpu:
-    return jax.random.bernoulli(rng, keep_prob, shape)
+def keep_mask(rng, keep_prob: float, shape) -> jax.Array:
+  """Dropout's keep mask, True with probability `keep_prob`, from 16-bit draws: four per threefry2x32 evaluation
+  where `jax.random.bernoulli` spends one per element, kept below round(keep_prob · 2^16) (a keep probability
+  within 2^-17 of keep_prob). The random bits were the largest cost of dropout on XLA:CPU; on a TPU, 16-bit draws
+  made the program move more bytes (bench/RESULTS.md). The counters are laid out like the mask (its last axis in
+  fours), so a mask sharded over leading axes is drawn shard by shard."""
   *leading, last = shape or (1,)
   grid = (*leading, -(-last // _PER_EVALUATION))
   if math.prod(grid) >= 1 << 32:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import cpu_backend
+from transformer_jax import dropout_masks
 from transformer_jax import sharding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
@@ -70,8 +71,8 @@ def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax
 
 
 class Dropout(nn.Module):
-  """nn.Dropout, its mask from `cpu_backend.keep_mask`: on a GPU or TPU the same random stream and mask (a module
-  of the same class name takes the same auto-name, hence the same rng), on a CPU its cheaper draws."""
+  """nn.Dropout, its mask from `dropout_masks.keep_mask`: on a TPU nn.Dropout's own (a module of the same class name
+  takes the same auto-name, hence the same rng), on a CPU or GPU draws that cost that platform less."""
 
   config: ModelConfig
   rate: float
@@ -80,8 +81,7 @@ class Dropout(nn.Module):
     """Which elements of an input of `shape` this call keeps; None when it keeps them all."""
     if deterministic or self.rate == 0.0:
       return None
-    cpu = cpu_backend.enabled(self.config.cpu_kernels)
-    return cpu_backend.keep_mask(self.make_rng('dropout'), 1.0 - self.rate, shape, cpu)
+    return dropout_masks.keep_mask(self.make_rng('dropout'), 1.0 - self.rate, shape, self.config.cpu_kernels)
 
   def __call__(self, x, deterministic: bool):
     mask = self.keep_mask(x.shape, deterministic)
