@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import helpers
+from transformer_jax import aot
 from transformer_jax import loss
+from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 
@@ -49,7 +51,9 @@ def _inputs(seed=0, batch=3, length=11, d=8, vocab=29):
 @pytest.mark.parametrize('smoothing', [0.1, 0.0])
 @pytest.mark.parametrize('chunk_length', [4, 11, 64])  # uneven chunks, one exact chunk, one chunk past the length
 @pytest.mark.parametrize('with_bias', [False, True])  # a logits bias (imported MarianMT models)
-def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias):
+@pytest.mark.parametrize('platform', ['cpu', 'gpu'])  # a GPU's gold logits come from the gold tokens' weights
+def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias, platform, monkeypatch):
+  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)  # the GPU's computation, run on this CPU
   hidden, weights, targets = _inputs()
   bias = jnp.asarray(np.random.default_rng(5).normal(size=weights.shape[0]), jnp.float32)
 
@@ -76,15 +80,31 @@ def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_leng
 
 
 @pytest.mark.parametrize('with_bias', [False, True])
-def test_the_forward_pass_reduces_the_logits_twice(with_bias):
-  # The log-sum-exp's max and sum of exponentials; the smoothing term's logit sums come from h · Σ_v W_v.
+def test_on_a_gpu_the_forward_pass_reads_the_logits_in_two_reductions_alone(with_bias):
+  # The log-sum-exp's max and sum of exponentials; the smoothing term's logit sums come from h · Σ_v W_v and, on
+  # a GPU, the gold logits from h · W_gold, so no gather reads the logits.
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
-  jaxpr = jax.make_jaxpr(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss'])(hidden, weights)
+  mesh = jax.sharding.Mesh(np.asarray(aot.topology_devices('h100-1')), ('data',),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+  with jax.set_mesh(mesh):
+    jaxpr = jax.jit(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss']).trace(hidden, weights).jaxpr
   vocab = weights.shape[0]
-  vocab_reductions = [eqn for eqn in helpers.equations(jaxpr.jaxpr) if eqn.primitive.name.startswith('reduce_')
-                      and len(eqn.invars[0].aval.shape) > 1 and eqn.invars[0].aval.shape[-1] == vocab]
-  assert len(vocab_reductions) == 2
+  over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab
+  eqns = list(helpers.equations(jaxpr.jaxpr))
+  assert len([eqn for eqn in eqns if eqn.primitive.name.startswith('reduce_') and over_logits(eqn)]) == 2
+  assert not [eqn for eqn in eqns if eqn.primitive.name == 'gather' and over_logits(eqn)]
+
+
+def test_bfloat16_gold_logits_are_rounded_as_the_logits_are(monkeypatch):
+  """On a GPU the gold logit from the gold tokens' weights is rounded to the logits' dtype, so a gold token whose
+  logit is the (rounded) maximum counts as correct, as with the logits' own."""
+  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')  # the GPU's computation, run on this CPU
+  hidden, weights, targets = (x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x for x in _inputs(seed=3))
+  logits = jnp.einsum('bld,vd->blv', hidden, weights)  # bfloat16, as the chunks' are
+  targets = jnp.where(targets > 0, jnp.argmax(logits, axis=-1), 0)  # every gold logit a maximum, most rounded
+  got = loss.token_sums(hidden, weights, None, targets, 0.1, 4)['correct']
+  assert float(got) == float(jnp.sum(targets > 0))
 
 
 def test_the_loss_alone_differentiates_as_the_formula():

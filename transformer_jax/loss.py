@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import cpu_backend
+from transformer_jax import sharding
 
 
 def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
@@ -24,17 +25,19 @@ def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
   return 1.0 - smoothing, smoothing / (vocab - 1)
 
 
-def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None):
+def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gold_logit=None):
   """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from logits [..., vocab] of any float
   dtype plus a float32 `bias` [vocab] (or none), reduced in float32 (the gold logit is gathered before the cast:
-  no float32 copy of them is needed). `logit_sum`: each token's sum of logits (bias included) where the caller
-  has it without a pass over the logits.
+  no float32 copy of them is needed). `logit_sum` (bias included) and `gold_logit` (bias excluded, in the logits'
+  dtype): each token's sum of logits and its gold logit, where the caller has them without a pass over the logits.
 
   The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
   subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy.
   """
   vocab = logits.shape[-1]
-  gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
+  if gold_logit is None:
+    gold_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  gold_logit = gold_logit.astype(jnp.float32)
   logits = logits.astype(jnp.float32)
   if bias is not None:
     gold_logit, logits = gold_logit + bias[targets], logits + bias
@@ -85,7 +88,12 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
     mask = (chunk_targets > 0).astype(jnp.float32)
     logit_sum = jnp.einsum('bcd,d->bc', chunk.astype(jnp.float32), weight_sum) + bias_sum
-    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum)
+    gold_logit = None  # gathered from the logits, which the TPU compiler fuses with their maximum
+    if sharding.target_platform() == 'gpu':  # from the gold tokens' weights, rounded as the logits are (-1.8 GB
+      # per base step on an H100: bench/RESULTS.md)
+      gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
+                              weights[chunk_targets].astype(jnp.float32)).astype(logits.dtype)
+    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum, gold_logit)
     sums = [total + jnp.sum(value * mask) for total, value in zip(sums, per_token)]
     if with_gradients:
       is_gold = jnp.arange(vocab) == chunk_targets[..., None]
