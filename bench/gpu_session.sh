@@ -10,11 +10,12 @@
 #                  and on one attention call of the paper's base batch with attention dropout (bench.attention:
 #                  the kernels take 5 ms of base's step, bench/RESULTS.md's sixth H100 visit); base at the
 #                  paper's batch with torch's dropout placement (attention and ReLU dropout 0.1: what `auto`
-#                  sends to our Triton kernels) against torch.compile, and again with jax's `unsafe_rbg` keys
-#                  (dropout's bits from Philox instead of threefry); base without attention dropout through
-#                  cuDNN (`auto`) and through `flash_gpu`; then, in the time left, that dropout step by model
-#                  part (bench.step_profile; CUDA graphs off so kernels name their ops). Logs and JSON lines
-#                  under $OUT.
+#                  sends to our Triton kernels) against torch.compile (every dropout mask a hash on a GPU since
+#                  2026-11-27, so jax's key implementation no longer draws them); base without attention dropout
+#                  through cuDNN (`auto`) and through `flash_gpu`; big with torch's dropout placement against
+#                  torch.compile; then, in the time left, base's dropout step by model part
+#                  (bench.step_profile; CUDA graphs off so kernels name their ops). Logs and JSON lines under
+#                  $OUT.
 #
 # Each step has its own time limit, so one that hangs leaves the others their time (~9.5 minutes in all); the
 # profile runs last, in what is left.
@@ -62,15 +63,14 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   timeout 60 python3 -m bench.attention --lengths=128 --batch=196 --dtype=bfloat16 --dropout_rate=0.1 --repeats=15 \
     --implementations=flash_gpu 2>&1 | tee "$out/attention_paper_batch.log"
   throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
-  # The same step with dropout's bits from XLA's RngBitGenerator (Philox on a GPU) instead of threefry: jax's
-  # default key implementation, set for the whole process (ours only; the run above is the yardstick)
-  JAX_DEFAULT_PRNG_IMPL=unsafe_rbg throughput 120 base_dropout_rbg --configs=base --impls=ours --rounds=3 --steps=5 \
-    --override="$dropout"
   # Without attention dropout, padded rows: cuDNN's kernel (what `auto` takes) against our Triton kernels, which
   # `flash_gpu` runs for every case since the sixth H100 visit (cuDNN was measured against jax's kernel)
   for attention in auto flash_gpu; do
     throughput 100 "base_$attention" --configs=base --impls=ours --rounds=3 --steps=5 --override="attention=$attention"
   done
+  # Big with torch's dropout placement against torch.compile: its program moves 8% fewer bytes since the GPU lab
+  # (bench/RESULTS.md, "The H100's program compiled on this CPU"); 1.18x at the H200's second visit
+  throughput 150 big_dropout --configs=big --impls=ours,torch_compile --rounds=2 --steps=4 --override="$dropout"
   local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
   if (( left > 90 )); then
     throughput "$((left - 20))" base_dropout_profile --configs=base --impls=ours --rounds=1 --steps=2 \
