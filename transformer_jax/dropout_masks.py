@@ -9,6 +9,8 @@ and the counter-based hash that attention dropout uses on every platform.
   (docs/step_costs.md).
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -39,11 +41,8 @@ def hashed_keep(rng, keep_prob: float, shape) -> jax.Array:
   """Kept elements of an array of `shape`: the hash of each element's row (its leading axes' row-major index)
   and of its index on the last axis, keyed by `seeds(rng)`. XLA partitions the indices with the array, so a
   sharded mask is the same mask."""
-  *leading, last = shape or (1,)
-  rows_count = 1
-  for n in leading:
-    rows_count *= n
-  if rows_count >= 1 << 31 or last >= 1 << 31:
+  *leading, last = shape
+  if math.prod(leading) >= 1 << 31 or last >= 1 << 31:
     raise ValueError(f'a dropout mask of shape {shape} has more than 2^31 rows or columns; split the batch.')
   words = seeds(rng)
   rows, stride = jnp.zeros(shape, jnp.int32), 1
@@ -51,7 +50,7 @@ def hashed_keep(rng, keep_prob: float, shape) -> jax.Array:
     rows = rows + jax.lax.broadcasted_iota(jnp.int32, shape, axis) * jnp.int32(stride)
     stride *= shape[axis]
   columns = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
-  return below(mix(mix(mix(rows ^ words[0]) ^ columns) ^ words[1]), keep_prob).reshape(shape)
+  return below(mix(mix(mix(rows ^ words[0]) ^ columns) ^ words[1]), keep_prob)
 
 
 def keep_mask(rng, keep_prob: float, shape, cpu_kernels: str) -> jax.Array:
