@@ -247,21 +247,22 @@ def test_dropout_is_active_in_training_only():
   assert np.max(np.abs(np.asarray(a - det))) > 1e-3 and np.max(np.abs(np.asarray(a - b))) > 1e-3
 
 
-@pytest.mark.parametrize('dropout', [True, False])
-def test_relu_dropout_keeps_only_its_output_for_the_backward_pass(dropout):
+def test_relu_dropout_keeps_only_its_output_for_the_backward_pass():
   """The FFN's ReLU + dropout: the values and gradients of max(0, h) with the mask, from the output alone."""
   h = jax.random.normal(jax.random.key(0), (4, 8, 16)).at[0, 0, :4].set(0.0)  # ReLU's kink too
-  mask = jax.random.bernoulli(jax.random.key(1), 0.7, h.shape) if dropout else None
-  keep = 0.7 if dropout else 1.0
-  plain = lambda h: jax.nn.relu(h) if mask is None else jnp.where(mask, jax.nn.relu(h) / keep, 0)  # as before
-  y, vjp = jax.vjp(lambda h: relu_dropout(h, mask, keep), h)
-  dy = jax.random.normal(jax.random.key(2), h.shape)
+  mask, keep = jax.random.bernoulli(jax.random.key(1), 0.7, h.shape), 0.7
+  plain = lambda h: jnp.where(mask, jax.nn.relu(h) / keep, 0)  # what autodiff differentiated before
   ours = lambda h: relu_dropout(h, mask, keep)
+  dy = jax.random.normal(jax.random.key(2), h.shape)
   both = lambda f: jax.jit(lambda h, dy: (f(h), jax.vjp(f, h)[1](dy)))(h, dy)  # compiled, as in the train step
   for got, want in zip(jax.tree.leaves(both(ours)), jax.tree.leaves(both(plain))):
     np.testing.assert_array_equal(got, want)
+  y, vjp = jax.vjp(ours, h)
   residuals = [x for x in jax.tree.leaves(vjp) if getattr(x, 'ndim', 0)]
   assert len(residuals) == 1 and np.array_equal(residuals[0], y)  # neither h nor the mask
+  # Without a mask (no dropout, or a deterministic pass): ReLU, its gradient unscaled whatever `keep` says.
+  np.testing.assert_array_equal(jax.grad(lambda h: jnp.sum(relu_dropout(h, None, keep) * dy))(h),
+                                jax.grad(lambda h: jnp.sum(jax.nn.relu(h) * dy))(h))
 
 
 def test_attention_dropout_trains_alike_in_chunked_and_reference():

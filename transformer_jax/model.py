@@ -88,25 +88,29 @@ class Dropout(nn.Module):
     return x if mask is None else jax.lax.select(mask, x / (1.0 - self.rate), jnp.zeros_like(x))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def relu_dropout(h, mask, keep: float):
-  """max(0, h), then dropout's `mask` (None: none) and 1/keep scaling, differentiated from the output alone: it is
-  > 0 exactly where h > 0 and the mask keeps, so the backward pass needs neither h nor the mask, and the output
-  is kept for the next product's backward pass anyway."""
-  y = jnp.maximum(h, 0)
-  return y if mask is None else jax.lax.select(mask, y / keep, jnp.zeros_like(y))
+  """max(0, h), then dropout's `mask` (None: no dropout) with 1/keep scaling."""
+  return jax.nn.relu(h) if mask is None else _relu_then_drop(h, mask, keep)
 
 
-def _relu_dropout_fwd(h, mask, keep):
-  y = relu_dropout(h, mask, keep)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _relu_then_drop(h, mask, keep: float):
+  """`relu_dropout` with a mask, differentiated from its output alone: the output is > 0 exactly where h > 0 and
+  the mask keeps, so the backward pass needs neither h nor the mask, and the next product's backward pass keeps
+  the output anyway."""
+  return jax.lax.select(mask, jnp.maximum(h, 0) / keep, jnp.zeros_like(h))
+
+
+def _relu_then_drop_fwd(h, mask, keep):
+  y = _relu_then_drop(h, mask, keep)
   return y, y
 
 
-def _relu_dropout_bwd(keep, y, dy):
+def _relu_then_drop_bwd(keep, y, dy):
   return jax.lax.select(y > 0, dy / keep, jnp.zeros_like(dy)), None
 
 
-relu_dropout.defvjp(_relu_dropout_fwd, _relu_dropout_bwd)
+_relu_then_drop.defvjp(_relu_then_drop_fwd, _relu_then_drop_bwd)
 
 
 class Embedder(nn.Module):
