@@ -87,7 +87,8 @@ _SHAPES_2D = ('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
 _SHAPES_GPU = ('1x1x1', '1x1x2', '1x1x4', '1x1x8')  # one host: (slices, hosts, GPUs per host), as the plugin's
 _SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D,
            'a100': _SHAPES_GPU, 'h100': _SHAPES_GPU, 'h200': _SHAPES_GPU}
-# The CUDA and cuDNN versions a GPU program is compiled for: those requirements-gpu.txt installs
+# The CUDA and cuDNN versions a GPU program is compiled for: CUDA as requirements-gpu.txt installs it, and a cuDNN
+# 9 older than the one it installs, so that no newer cuDNN's features are assumed
 _CUDA_VERSION, _CUDNN_VERSION = (12, 9), (9, 8)
 
 
@@ -178,8 +179,8 @@ def topology_devices(name: str) -> tuple:
       desc = topologies.get_topology_desc(platform='cuda', target_config=gpu_target_config(topo.chip),
                                           topology=topo.shape)
     except NotImplementedError:  # the plugin did not register: it checks a GPU's CUDA when JAX may use one
-      raise RuntimeError(f'the CUDA plugin did not start, so nothing compiles for {name}: on a machine without a '
-                         'GPU run with JAX_PLATFORMS=cpu') from None
+      raise ValueError(f'the CUDA plugin did not start, so nothing compiles for {name}: on a machine without a '
+                       'GPU run with JAX_PLATFORMS=cpu') from None
   else:
     if importlib.util.find_spec('libtpu') is None:
       raise _missing_compiler_error(name)
