@@ -208,6 +208,19 @@ def test_a_missing_compiler_says_how_to_install_it_in_one_line(monkeypatch, name
     aot.topology_devices(name)
 
 
+def test_a_cuda_plugin_that_did_not_start_says_what_to_do(monkeypatch):
+  """The plugin registers no GPU topologies where it checked for a GPU's CUDA and found none (JAX_PLATFORMS
+  naming cuda on a machine without one)."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  def unregistered(*args, **kwargs):
+    raise NotImplementedError('topology not implemented for cuda')
+
+  monkeypatch.setattr(topologies, 'get_topology_desc', unregistered)
+  with pytest.raises(cli.USER_ERRORS, match='the CUDA plugin did not start, .* run with JAX_PLATFORMS=cpu'):
+    aot.topology_devices.__wrapped__('h200-2')  # not the cached devices of an earlier call
+
+
 @pytest.mark.parametrize('topology, mesh', [('h100-1', 'data'), ('a100-8', 'fsdp')])
 def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   """The CUDA plugin compiles for a described GPU on this CPU: the program the GPU would run, with the GPU's
