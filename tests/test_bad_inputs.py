@@ -272,7 +272,7 @@ def _run(entry_points, args, stdin=None):
      "CFG/noarg.py: get_config() takes no argument, but CFG/noarg.py:runlocal passes 'runlocal'."),
     (['train.py', '--workdir=W', '--config=configs/default.py:run_local'], "unknown config argument(s) ['run_local']"),
     (['train.py', '--workdir=W', '--topology=v4-8'],
-     'flag --topology=v4-8: --topology names the TPU slice that --compile_only compiles for'),
+     'flag --topology=v4-8: --topology names the TPU slice or GPU host that --compile_only compiles for'),
     (['train.py', '--workdir=W', '--topology=v5e-8', '--nocompile_only'], 'add --compile_only, or drop --topology.'),
     (['train.py', '--workdir=W', '--distributed'], 'the distributed runtime did not start'),
     (['train.py', '--workdir=W', '--coordinator_address=localhost:1', '--num_processes=2', '--process_id=2'],
