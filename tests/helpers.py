@@ -225,6 +225,11 @@ def perturbed_params(cfg, seed: int, scale: float = 0.1):
   return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
+def data_mesh(devices) -> jax.sharding.Mesh:
+  """A one-axis ('data') mesh of `devices` with Auto axes: this CPU's, or a TPU's or GPU's compile-only ones."""
+  return jax.sharding.Mesh(np.asarray(devices).reshape(-1), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+
+
 def one_device_mesh(config: ml_collections.ConfigDict):
   """A 1-device mesh (the reference of the parallel runs) and the config's rules."""
   mesh_cfg = config.mesh.copy_and_resolve_references()

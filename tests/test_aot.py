@@ -11,9 +11,9 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
+import helpers
 from bench import fits
 from transformer_jax import aot
 from transformer_jax import attention
@@ -170,8 +170,7 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
   """Our dropout kernel with 1100 causal keys (9 blocks of 128: a float32 dq per block, delta from the saved
   output, tiles above the diagonal skipped), forward and backward, compiled by Mosaic for a TPU."""
   key_type = jax.random.key(0).dtype
-  mesh = jax.sharding.Mesh(np.asarray(aot.topology_devices(TOPOLOGY)), ('data',),
-                           axis_types=(jax.sharding.AxisType.Auto,))
+  mesh = helpers.data_mesh(aot.topology_devices(TOPOLOGY))
   rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
   qkv = jax.ShapeDtypeStruct((4, 1100, 2, 64), jnp.bfloat16, sharding=rows)
 

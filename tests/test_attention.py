@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
@@ -183,8 +184,7 @@ def test_attention_dropout_on_longer_sequences_than_its_counter_is_an_error():
 
 
 def _tpu_mesh():
-  return jax.sharding.Mesh(np.asarray(aot.topology_devices('v4-8')), ('data',),
-                           axis_types=(jax.sharding.AxisType.Auto,))
+  return helpers.data_mesh(aot.topology_devices('v4-8'))
 
 
 def test_the_table_holds_every_configurable_implementation():

@@ -91,16 +91,12 @@ def test_the_model_dropout_is_nn_dropout_off_the_cpu_seam(setting):
   assert np.array_equal(ours, stock) == (setting == 'off')
 
 
-def _mesh_of(devices):
-  return jax.sharding.Mesh(np.asarray(devices).reshape(-1), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
-
-
 def test_auto_follows_the_devices_the_step_is_traced_for_not_the_host():
   assert jax.default_backend() == 'cpu'  # the tests run on CPU devices
   assert cpu_backend.enabled('auto') and cpu_backend.enabled('on') and not cpu_backend.enabled('off')
-  with jax.set_mesh(_mesh_of(jax.devices())):
+  with jax.set_mesh(helpers.data_mesh(jax.devices())):
     assert cpu_backend.enabled('auto')
-  with jax.set_mesh(_mesh_of(aot.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
+  with jax.set_mesh(helpers.data_mesh(aot.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
     assert not cpu_backend.enabled('auto') and cpu_backend.enabled('on')
     seen = []
     jax.jit(lambda x: seen.append(cpu_backend.enabled('auto')) or x).trace(jax.ShapeDtypeStruct((2,), jnp.float32))

@@ -10,15 +10,10 @@ import pytest
 
 import helpers
 from transformer_jax import aot
-from transformer_jax import cpu_backend
 from transformer_jax import dropout_masks
 from transformer_jax import hlo_costs
 
-MASKS = {'cpu': cpu_backend.keep_mask, 'gpu': dropout_masks.hashed_keep}
-
-
-def _mesh_of(devices):
-  return jax.sharding.Mesh(np.asarray(devices).reshape(-1), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+MASKS = {'cpu': dropout_masks.sixteen_bit_keep, 'gpu': dropout_masks.hashed_keep}
 
 
 @pytest.mark.parametrize('platform', sorted(MASKS))
@@ -40,13 +35,13 @@ def test_cpu_keep_masks_take_one_threefry_evaluation_per_four_elements():
     return _random_work(jax.make_jaxpr(lambda key: keep_mask(key, 0.9, (64, 100)))(jax.random.key(0)).jaxpr)
 
   assert random_work(jax.random.bernoulli) == (64 * 100, 0)  # a word per element
-  assert random_work(cpu_backend.keep_mask) == (2, 64 * 100 // 4)  # a threefry key, an evaluation per four elements
+  assert random_work(dropout_masks.sixteen_bit_keep) == (2, 64 * 100 // 4)  # a threefry key, an evaluation per four elements
   assert random_work(dropout_masks.hashed_keep) == (2, 0)  # the hash's two words, then no random bits at all
 
 
 @pytest.mark.parametrize('platform', sorted(MASKS))
 def test_keep_masks_are_drawn_shard_by_shard(platform):
-  mesh = _mesh_of(jax.devices()[:4])
+  mesh = helpers.data_mesh(jax.devices()[:4])
   x = jax.device_put(jnp.ones((8, 6, 10)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
   dropped = jax.jit(lambda key, x: jnp.where(MASKS[platform](key, 0.9, x.shape), x / 0.9, 0))
   hlo = dropped.lower(jax.random.key(1), x).compile().as_text()
@@ -69,9 +64,9 @@ def test_a_step_draws_the_masks_of_the_platform_it_is_compiled_for(topology, wor
   element, or the CPU's threefry evaluation per four elements."""
   devices = jax.devices()[:1] if topology is None else aot.topology_devices(topology)[:1]
   key = jax.random.key(2)
-  with jax.set_mesh(_mesh_of(devices)):
+  with jax.set_mesh(helpers.data_mesh(devices)):
     traced = jax.jit(lambda key: dropout_masks.keep_mask(key, 0.8, (6, 40), 'auto')).trace(key).jaxpr
   assert _random_work(traced.jaxpr) == work
   if topology != 'v4-8':  # bernoulli's jaxpr holds the TPU's shardings: it runs on those devices only
-    mask = {None: cpu_backend.keep_mask, 'h100-1': dropout_masks.hashed_keep}[topology](key, 0.8, (6, 40))
+    mask = {None: dropout_masks.sixteen_bit_keep, 'h100-1': dropout_masks.hashed_keep}[topology](key, 0.8, (6, 40))
     np.testing.assert_array_equal(jax.core.eval_jaxpr(traced.jaxpr, traced.consts, key)[0], mask)

@@ -85,9 +85,7 @@ def test_on_a_gpu_the_forward_pass_reads_the_logits_in_two_reductions_alone(with
   # a GPU, the gold logits from h · W_gold, so no gather reads the logits.
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
-  mesh = jax.sharding.Mesh(np.asarray(aot.topology_devices('h100-1')), ('data',),
-                           axis_types=(jax.sharding.AxisType.Auto,))
-  with jax.set_mesh(mesh):
+  with jax.set_mesh(helpers.data_mesh(aot.topology_devices('h100-1'))):
     jaxpr = jax.jit(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss']).trace(hidden, weights).jaxpr
   vocab = weights.shape[0]
   over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab

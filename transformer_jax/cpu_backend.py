@@ -3,9 +3,10 @@ bits, host-memory reuse, and checkpoint saves that copy each array once.
 
 The model uses stock JAX/Flax pieces on every backend. When the run's devices are CPUs (`model.cpu_kernels='auto'`,
 the default; 'on'/'off' force it) its projections (`dot_general`, for `nn.DenseGeneral`) take a backward pass
-written for XLA:CPU's layouts, with the same values as autodiff (tested), and its dropout masks (`keep_mask`) come
-from a quarter of bernoulli's random work. The pre-softmax layer and the loss have
-one implementation on every backend, `loss.token_sums`, whose gradient contracts in the layout-friendly order.
+written for XLA:CPU's layouts, with the same values as autodiff (tested), and its dropout masks
+(`dropout_masks.sixteen_bit_keep`) come from a quarter of bernoulli's random work. The pre-softmax layer and the
+loss have one implementation on every backend, `loss.token_sums`, whose gradient contracts in the layout-friendly
+order.
 Measured gains, on the CPU and forced on elsewhere, are in bench/RESULTS.md; 'auto' keeps the projections' backward
 pass to the CPU until a kernel-by-kernel measurement on each accelerator says which to keep where.
 
@@ -16,12 +17,10 @@ operands, which XLA:CPU cannot run for bf16 ones.
 import ctypes
 import functools
 import glob
-import math
 import os
 
 import jax
 from jax.ad_checkpoint import checkpoint_name
-from jax.extend import random as jax_random
 import jax.numpy as jnp
 
 from transformer_jax import sharding
@@ -95,31 +94,6 @@ def remat_policy(policy):
 
 
 # --------------------------------------------------------------------------------------- dropout masks
-
-_PER_EVALUATION = 4  # 16-bit draws from threefry2x32's two 32-bit words
-
-
-def keep_mask(rng, keep_prob: float, shape) -> jax.Array:
-  """Dropout's keep mask, True with probability `keep_prob`, from 16-bit draws: four per threefry2x32 evaluation
-  where `jax.random.bernoulli` spends one per element, kept below round(keep_prob · 2^16) (a keep probability
-  within 2^-17 of keep_prob). The random bits were the largest cost of dropout on XLA:CPU; on a TPU, 16-bit draws
-  made the program move more bytes (bench/RESULTS.md). The counters are laid out like the mask (its last axis in
-  fours), so a mask sharded over leading axes is drawn shard by shard."""
-  *leading, last = shape or (1,)
-  grid = (*leading, -(-last // _PER_EVALUATION))
-  if math.prod(grid) >= 1 << 32:
-    raise ValueError(f'a dropout mask of shape {shape} needs more than 2^32 threefry counters; split the batch.')
-  counters = jnp.zeros(grid, jnp.uint32)
-  stride = 1
-  for axis in reversed(range(len(grid))):  # each element's row-major index in the grid
-    counters = counters + jax.lax.broadcasted_iota(jnp.uint32, grid, axis) * jnp.uint32(stride)
-    stride *= grid[axis]
-  key = jax.random.bits(rng, (2,), jnp.uint32)  # a threefry key from a key of any implementation
-  words = jax_random.threefry2x32_p.bind(key[0], key[1], jnp.zeros_like(counters), counters)
-  draws = jnp.stack([half for word in words for half in (word & 0xFFFF, word >> 16)], axis=-1)
-  draws = draws.reshape(*leading, grid[-1] * _PER_EVALUATION)[..., :last].reshape(shape)
-  return draws < round(keep_prob * (1 << 16))
-
 
 # --------------------------------------------------------------------------------------- host memory
 
