@@ -20,6 +20,7 @@ from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import cli
 from transformer_jax import config as config_lib
+from transformer_jax import hlo_costs
 from transformer_jax import sharding
 
 TOPOLOGY = 'v4-8'  # 4 chips
@@ -230,6 +231,12 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   text = aot.compile_program(program).as_text()
   kernels = re.findall(r'op_name="[^"]*/(attention_gpu_\w+)/pallas_call"', text)
   assert set(kernels) == {'attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv'}
+  # The 3 kernels of each of the 3 attention calls read the fused projections' products (rank 5) in place and write
+  # their gradients whole: no q, k or v gradients joined (add_any), which the program had while they took slices.
+  calls = [line for line in text.splitlines() if 'custom-call(' in line and '/attention_gpu_' in line]
+  assert len(calls) == 3 * 3 and all(re.search(r'bf16\[\d+(,\d+){4}\]', line) for line in calls)
+  projections = {op.op_name.rsplit('/', 1)[1] for op in hlo_costs.op_costs(text) if '._project/' in op.op_name}
+  assert 'dot_general' in projections and 'add_any' not in projections
   assert 'custom_call_target="__cublas$lt$matmul"' in text and 'gemm_fusion' not in text  # xla_options
   assert not re.search(r'u32\[\d+,\d+,\d+', text)  # dropout's masks hashed where they are used: no random bits kept
   analysis = aot.analyze_program(program, topology)

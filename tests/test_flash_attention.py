@@ -14,6 +14,7 @@ import helpers
 from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import flash_attention
+from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.sections import mesh as mesh_section
@@ -114,6 +115,51 @@ def test_kernel_runs_per_device_block_on_a_mesh(implementation):
   np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
 
 
+def _kernels(jaxpr):
+  return [eqn for eqn in helpers.equations(jaxpr.jaxpr) if eqn.primitive.name == 'pallas_call']
+
+
+@pytest.mark.parametrize('case,on_mesh', [('padding', False), ('packed_causal', True), ('packed_cross', False),
+                                          ('long_cross', True)])
+def test_flash_gpu_reads_a_stack_of_projections_in_place(case, on_mesh):
+  """The fused projections' product on a GPU, [b, len, n, h, d] with keys, values and (self-attending) queries
+  (`model.project`), goes to flash_gpu as it is: its kernels read every slot through the stack and write its
+  gradient as one array (keys' and values' into the queries'), equal to the reference's on the slices."""
+  q, k, v, spec = _case(case)
+  self_attention = q.shape[1] == k.shape[1]
+  stack = jnp.stack([k, v[..., :k.shape[-1]]] + [q] * self_attention, axis=2)  # projections of one shape
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + k.shape[-1:]), jnp.float32)
+
+  def run(implementation):
+    def attend(q, stack):
+      q = stack[:, :, 2] if self_attention else q
+      return attention.attend(q, stack[:, :, 0], stack[:, :, 1], spec, implementation=implementation, stacked=stack)
+
+    def output_and_grads(q, stack):
+      out, vjp = jax.vjp(attend, q, stack)
+      return out, vjp(cotangent)
+    return output_and_grads
+
+  expected = jax.jit(run('reference'))(q, stack)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
+  with flash_attention.interpret_kernels():
+    kernels = _kernels(jax.make_jaxpr(run('flash_gpu'))(q, stack))
+    assert [eqn.params['name'] for eqn in kernels] == ['attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv']
+    for eqn in kernels:  # q (self-attending), k and v: the stack itself, padded where its length is
+      operands = [x.aval.shape for x in eqn.invars if x.aval.ndim >= 4]
+      assert operands[:3] == [operands[1]] * 3 if self_attention else operands[1] == operands[2]
+      assert len(operands[1]) == 5 and operands[1][2:4] == stack.shape[2:4]  # head dims padded to 16
+    assert bool(kernels[2].params['input_output_aliases']) == self_attention  # into dq's array
+    if on_mesh:
+      with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
+        got = jax.jit(run('flash_gpu'))(q, stack)
+    else:
+      got = jax.jit(run('flash_gpu'))(q, stack)
+  np.testing.assert_allclose(got[0], expected[0], atol=2e-5, rtol=2e-5)
+  for name, g, want in zip(('q', 'stack'), got[1], expected[1]):
+    np.testing.assert_allclose(g, want, atol=2e-5, rtol=2e-5, err_msg=f'd{name}')
+
+
 def _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng):
   def run(q, k, v, spec):
     attend = lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.3,
@@ -204,15 +250,17 @@ def _packed_batch():
               inputs_segment_ids=inputs_segment_ids, targets_segment_ids=targets_segment_ids)
 
 
-@pytest.mark.parametrize('implementation', ['flash_tpu', 'flash_gpu'])
-def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
+@pytest.mark.parametrize('implementation,platform', [('flash_tpu', 'cpu'), ('flash_gpu', 'cpu'), ('flash_gpu', 'gpu')])
+def test_model_with_kernels_matches_reference_on_packed_rows(monkeypatch, implementation, platform):
   """The whole model (remat on, so the mask spec is traced as in training) runs the kernel (its self-attention
   specs say that queries and keys match: `MaskSpec.self_attention`; flash_gpu's cross-attention runs our Triton
-  kernels): same logits and gradients as the reference."""
+  kernels): same logits and gradients as the reference. Compiled for a GPU, the projections are fused and the
+  kernels read their products in place."""
   batch = _packed_batch()
   config = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
                        num_decoder_layers=1, dropout=0.0, max_len=64, remat='full')
   params = nn.unbox(Transformer(config).init(jax.random.key(0), batch['inputs'], batch['targets'])['params'])
+  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
 
   def logits_and_grads(attention_impl):
     model = Transformer(config.replace(attention=attention_impl))
@@ -222,8 +270,10 @@ def test_model_with_kernels_matches_reference_on_packed_rows(implementation):
   expected = logits_and_grads('reference')
   with flash_attention.interpret_kernels():
     model = Transformer(config.replace(attention=implementation))
-    jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params))
-    assert 'pallas_call' in jaxpr and (implementation == 'flash_tpu' or 'attention_gpu_fwd' in jaxpr)
+    jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params)
+    assert 'pallas_call' in str(jaxpr) and (implementation == 'flash_tpu' or 'attention_gpu_fwd' in str(jaxpr))
+    stacks = [x.aval.shape[2] for eqn in _kernels(jaxpr) for x in eqn.invars[1:3] if x.aval.ndim == 5]
+    assert stacks == ([3, 3, 3, 3, 2] if platform == 'gpu' else [])  # q, k of self-attention x 2, k of cross
     got = logits_and_grads(implementation)
   np.testing.assert_allclose(got[0], expected[0], atol=1e-4, rtol=1e-4)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):

@@ -99,6 +99,33 @@ def test_triton_dropout_kernels_agree_with_the_reference():
       np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=name)
 
 
+def test_flash_gpu_reads_a_stack_of_projections_compiled_by_triton():
+  """Compiled by Triton: a fused projections' product read in place (self-attention's keys, values and queries;
+  cross-attention's keys and values) and its gradient written by both backward kernels into one array
+  (`flash_attention._places`), equal to the reference on the slices."""
+  rng = np.random.default_rng(4)
+  valid = jnp.asarray(np.arange(96)[None] < np.array([[96], [50]]))
+  self_spec = attention_masks.MaskSpec.self_attention(valid, valid.astype(jnp.int32), causal=True)
+  cross = attention_masks.MaskSpec(q_valid=jnp.ones((2, 40), bool), kv_valid=valid, causal=False)
+  for spec, n in ((self_spec, 3), (cross, 2)):
+    q = jnp.asarray(rng.normal(size=(2, 40, 4, 64)), jnp.float32)
+    stack = jnp.asarray(rng.normal(size=(2, 96, n, 4, 64)), jnp.float32)
+    cotangent = jnp.asarray(rng.normal(size=(2, 96 if n == 3 else 40, 4, 64)), jnp.float32)
+
+    def run(implementation, spec=spec, n=n):
+      def attend(q, stack):
+        q = stack[:, :, 2] if n == 3 else q
+        return attention.attend(q, stack[:, :, 0], stack[:, :, 1], spec, implementation=implementation,
+                                dropout_rate=0.2, dropout_rng=jax.random.key(3), stacked=stack)
+      out, vjp = jax.vjp(attend, q, stack)
+      return out, *vjp(cotangent)
+
+    with jax.default_matmul_precision('highest'):
+      got, want = jax.jit(lambda: run('flash_gpu'))(), jax.jit(lambda: run('reference'))()
+    for name, g, w in zip(('out', 'dq', 'dstack'), got, want):
+      np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=f'{name}, {n} slots')
+
+
 def test_bf16_train_step_follows_the_float32_step():
   losses = {}
   for dtype in ('float32', 'bfloat16'):

@@ -177,13 +177,17 @@ def _check_kernel_platform(implementation: str) -> None:
 
 
 def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', chunk_size=512, dropout_rate=0.0,
-           dropout_rng=None):
+           dropout_rng=None, stacked=None):
   """One signature for every implementation: q [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v]; `serving`
   picks the one that runs. Dropout (`dropout_rate` > 0 with a `dropout_rng`) applies to the attention weights,
-  with the same bits in every implementation that has it (`attention_masks.dropout_keep`)."""
+  with the same bits in every implementation that has it (`attention_masks.dropout_keep`). `stacked`: the one
+  product k and v were sliced from, [b, k, n, h, d] with k at 0, v at 1 and, n = 3, q at 2 (the fused projections
+  on a GPU), which `flash_gpu` reads in place: the slices, then unused, are never copied."""
   dropout = dropout_rate > 0.0 and dropout_rng is not None
   name = serving(implementation, spec, q, v, dropout)
   options = {'chunk_size': chunk_size} if name == 'chunked' else {}
+  if name == 'flash_gpu' and stacked is not None:
+    options['stacked'] = stacked
   if dropout:
     length = max(q.shape[1], k.shape[1])
     if length > attention_masks.MAX_DROPOUT_LENGTH:

@@ -100,28 +100,31 @@ def _scaled(q, d_k: int):
   return q * jnp.asarray(1.0 / math.sqrt(d_k), q.dtype)
 
 
-def _per_device(kernel, q, k, v, q_ids, kv_ids, *dropout):
-  """kernel(q, k, v, q_ids, kv_ids, *dropout) on each device's block of batch × heads of the context mesh (if any);
+def _per_device(kernel, arrays, q_ids, kv_ids, *dropout):
+  """kernel(*arrays, q_ids, kv_ids, *dropout) on each device's block of batch × heads of the context mesh (if any);
+  `arrays`: q, k and v as the kernel takes them, each [b, len, h, d] or a stack [b, len, n, h, d] (`_places`);
   `dropout`: the batch rows' and heads' indices, [batch] and [heads], and attention dropout's seeds [2]."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return kernel(q, k, v, q_ids, kv_ids, *dropout)
-  batch, heads = _mesh_axes(mesh, 'batch', q.shape[0]), _mesh_axes(mesh, 'heads', q.shape[2])
-  qkv, ids = P(batch, None, heads, None), P(batch, None)
+    return kernel(*arrays, q_ids, kv_ids, *dropout)
+  batch, heads = _mesh_axes(mesh, 'batch', q_ids.shape[0]), _mesh_axes(mesh, 'heads', arrays[0].shape[-2])
+  spec = lambda x: P(batch, None, *[None] * (x.ndim - 4), heads, None)
+  ids = P(batch, None)
   dropout_specs = (P(batch), P(heads), P()) if dropout else ()
-  return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, ids, *dropout_specs), out_specs=qkv,
-                       check_vma=False)(q, k, v, q_ids, kv_ids, *dropout)
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(*map(spec, arrays), ids, ids, *dropout_specs),
+                       out_specs=P(batch, None, heads, None), check_vma=False)(*arrays, q_ids, kv_ids, *dropout)
 
 
-def _dropout_per_device(attend, q, k, v, q_ids, kv_ids, seeds):
-  """attend(q, k, v, q_ids, kv_ids, scalars) of a dropout kernel on each device's block (`_per_device`); scalars
+def _dropout_per_device(attend, arrays, q_ids, kv_ids, seeds):
+  """attend(*arrays, q_ids, kv_ids, scalars) of a dropout kernel on each device's block (`_per_device`); scalars
   [4]: attention dropout's two seeds, then the indices of the block's first batch row and head."""
 
-  def kernel(q, k, v, q_ids, kv_ids, batch_index, head_index, seeds):
-    return attend(q, k, v, q_ids, kv_ids, jnp.concatenate([seeds, batch_index[:1], head_index[:1]]))
+  def kernel(*args):
+    *arrays, q_ids, kv_ids, batch_index, head_index, seeds = args
+    return attend(*arrays, q_ids, kv_ids, jnp.concatenate([seeds, batch_index[:1], head_index[:1]]))
 
-  return _per_device(kernel, q, k, v, q_ids, kv_ids, jnp.arange(q.shape[0], dtype=jnp.int32),
-                     jnp.arange(q.shape[2], dtype=jnp.int32), seeds)
+  return _per_device(kernel, arrays, q_ids, kv_ids, jnp.arange(q_ids.shape[0], dtype=jnp.int32),
+                     jnp.arange(arrays[0].shape[-2], dtype=jnp.int32), seeds)
 
 
 def _splash_blocks(splash, q_size: int, k_size: int):
@@ -167,8 +170,8 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
 
   out = _per_device(
       kernel,
-      _pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
-      _pad_to(_pad_to(v, 1, k_size), 3, head),
+      (_pad_to(_pad_to(q, 1, q_size), 3, head), _pad_to(_pad_to(k, 1, k_size), 3, head),
+       _pad_to(_pad_to(v, 1, k_size), 3, head)),
       *_padded_segment_ids(spec, q_size, k_size))
   out = out[:, :q_len, :, :d_v]
   return out * attention_masks.any_key(spec, out.dtype)
@@ -403,7 +406,7 @@ def _flash_tpu_dropout(q, k, v, spec, dropout_rate: float, dropout_seeds):
                              scale=1.0 / math.sqrt(d_k), block_q=block_q, block_k=block_k)
     return _heads_major(out)
 
-  out = _dropout_per_device(attend, _pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size),
+  out = _dropout_per_device(attend, (_pad_to(q, 1, q_size), _pad_to(k, 1, k_size), _pad_to(v, 1, k_size)),
                             *_padded_segment_ids(spec, q_size, k_size, _KEY_PAD_ID), dropout_seeds)
   return out[:, :q_len]
 
@@ -501,9 +504,10 @@ def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_r
   dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dk_ref,
-                    dv_ref, *, keep: float, causal: bool, scale: float, block_q: int):
-  """dk and dv for one block of keys, summed over query blocks."""
+def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, *out_refs,
+                    keep: float, causal: bool, scale: float, block_q: int):
+  """dk and dv for one block of keys, summed over query blocks: into dk_ref and dv_ref, or into one block
+  [keys, 2, d] of a stack's gradient (`_places`; after the stack's dq, an aliased input this kernel leaves alone)."""
   block_k = k_ref.shape[0]
   k_start = pl.program_id(0) * block_k
   k, v, k_ids, hash_keys = k_ref[...], v_ref[...], k_ids_ref[...], _hash_keys(scalars_ref, 1)
@@ -521,22 +525,49 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
 
   first = k_start // block_q if causal else 0  # earlier queries see none of these keys
   dk, dv = jax.lax.fori_loop(first, q_ref.shape[0] // block_q, body,
-                             (jnp.zeros(dk_ref.shape, jnp.float32), jnp.zeros(dv_ref.shape, jnp.float32)))
-  dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
-  dv_ref[...] = dv.astype(dv_ref.dtype)
+                             (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)))
+  dk, dv = (dk * scale).astype(out_refs[-1].dtype), dv.astype(out_refs[-1].dtype)
+  if out_refs[-1].ndim == 3:  # the stack's keys and values
+    out_refs[-1][:, 0, :] = dk
+    out_refs[-1][:, 1, :] = dv
+  else:
+    out_refs[0][...], out_refs[1][...] = dk, dv
 
 
-def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool, scale: float):
-  """q [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v], ids [b, q] and [b, k], scalars [4], lengths multiples
-  of _GPU_BLOCKS[0] (or one block) and head dims powers of two; scores q·k × `scale`: the kernels above as one
-  differentiable function (`pallas_call`s in a custom VJP). Rows that may attend to no key come out 0."""
-  (batch, q_len, heads, d_k), (k_len, d_v) = q.shape, (k.shape[1], v.shape[-1])
+def _places(count: int):
+  """(operand, slot) of q, k and v among a kernel's `count` head arrays, as the projections produce them
+  (`model.project`): q, k and v apart [b, len, h, d]; q, then a stack [b, len, 2, h, d] of k and v (cross-attention
+  on a GPU); or one stack [b, len, 3, h, d] of k, v and q (self-attention on a GPU). Slot None: no stack axis."""
+  return {3: ((0, None), (1, None), (2, None)), 2: ((0, None), (1, 0), (1, 1)), 1: ((0, 2), (0, 0), (0, 1))}[count]
+
+
+def _rows(length: int, d: int, slot, tiled: bool):
+  """The BlockSpec of `length` positions × d of one head, of a [b, len, h, d] array (slot None) or of one slot of a
+  stack [b, len, n, h, d]: the grid's block i of positions (tiled), or those from 0."""
+  if slot is None:
+    return pl.BlockSpec((None, length, None, d), lambda i, b, h: (b, i if tiled else 0, h, 0))
+  return pl.BlockSpec((None, length, None, None, d), lambda i, b, h: (b, i if tiled else 0, slot, h, 0))
+
+
+def _gpu_attention(*args, keep: float, causal: bool, scale: float):
+  """args: q, k and v as one to three head arrays (`_places`), then ids [b, q] and [b, k] and scalars [4]; q
+  [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v], lengths multiples of _GPU_BLOCKS[0] (or one block) and head
+  dims powers of two; scores q·k × `scale`: the kernels above as one differentiable function (`pallas_call`s in a
+  custom VJP). A stack is read in place and its gradient written as one array (the dkv kernel writes into the
+  dq kernel's), so no copy of q, k and v is made either way. Rows that may attend to no key come out 0."""
+  arrays = args[:-3]
+  places = _places(len(arrays))
+  (q_array, q_slot), (k_array, k_slot), (v_array, v_slot) = [(arrays[i], slot) for i, slot in places]
+  batch, q_len, heads, d_k = *q_array.shape[:2], *q_array.shape[-2:]  # a stack's slot axis between them
+  k_len, d_v = k_array.shape[1], v_array.shape[-1]
   options = dict(keep=keep, causal=causal, scale=scale)
   params = plgpu.CompilerParams(num_warps=4 if max(d_k, d_v) <= 64 else 8, num_stages=2)
   interpret = _INTERPRET.get()
-  item = q.dtype.itemsize
-  whole = lambda length, d: pl.BlockSpec((None, length, None, d), lambda i, b, h: (b, 0, h, 0))
-  tile = lambda block, d: pl.BlockSpec((None, block, None, d), lambda i, b, h: (b, i, h, 0))
+  item = q_array.dtype.itemsize
+  q_tile, q_whole = (lambda block: _rows(block, d_k, q_slot, tiled=True)), _rows(q_len, d_k, q_slot, tiled=False)
+  k_tile, k_whole = (lambda block: _rows(block, d_k, k_slot, tiled=True)), _rows(k_len, d_k, k_slot, tiled=False)
+  v_tile, v_whole = (lambda block: _rows(block, d_v, v_slot, tiled=True)), _rows(k_len, d_v, v_slot, tiled=False)
+  o_tile, o_whole = (lambda block: _rows(block, d_v, None, tiled=True)), _rows(q_len, d_v, None, tiled=False)
   ids_tile = lambda block: pl.BlockSpec((None, block), lambda i, b, h: (b, i))
   ids_whole = lambda length: pl.BlockSpec((None, length), lambda i, b, h: (b, 0))
   rows_tile = lambda block: pl.BlockSpec((None, None, block), lambda i, b, h: (b, h, i))  # lse, delta [b, h, q]
@@ -547,39 +578,53 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool,
   back = [_gpu_block(q_len, _GPU_BLOCKS[1]), _gpu_block(k_len, _GPU_BLOCKS[1])]
   shape = (batch, heads, q_len, k_len)
   weights, back_weights = (_computed_weights(shape, *blocks, causal) for blocks in (block, back))
+  q_size, k_size, v_size = batch * heads * q_len * d_k, batch * heads * k_len * d_k, batch * heads * k_len * d_v
+  o_size = batch * heads * q_len * d_v
+  picked = lambda arrays: [arrays[i] for i, _ in places]  # the kernels' q, k and v operands: a stack once per slot
 
-  def forward(q, k, v, q_ids, k_ids, scalars):
+  def forward(*args):
+    arrays, (q_ids, k_ids, scalars) = args[:-3], args[-3:]
     cost = pl.CostEstimate(flops=2 * weights * (d_k + d_v), transcendentals=weights,
-                           bytes_accessed=item * (q.size + k.size + v.size + q.size // d_k * d_v) + 4 * stats.size)
+                           bytes_accessed=item * (q_size + k_size + v_size + o_size) + 4 * stats.size)
     return pl.pallas_call(
         functools.partial(_gpu_forward_kernel, block_k=block[1], **options), grid=(q_len // block[0], batch, heads),
-        in_specs=[seeds, tile(block[0], d_k), whole(k_len, d_k), whole(k_len, d_v), ids_tile(block[0]),
-                  ids_whole(k_len)],
-        out_specs=[tile(block[0], d_v), rows_tile(block[0])],
-        out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, d_v), v.dtype), stats], compiler_params=params,
-        cost_estimate=cost, interpret=interpret, name='attention_gpu_fwd')(scalars, q, k, v, q_ids, k_ids)
+        in_specs=[seeds, q_tile(block[0]), k_whole, v_whole, ids_tile(block[0]), ids_whole(k_len)],
+        out_specs=[o_tile(block[0]), rows_tile(block[0])],
+        out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, d_v), q_array.dtype), stats], compiler_params=params,
+        cost_estimate=cost, interpret=interpret, name='attention_gpu_fwd')(scalars, *picked(arrays), q_ids, k_ids)
 
-  def backward(q, k, v, q_ids, k_ids, scalars, o, lse, do):
+  def backward(*args):
+    arrays, (q_ids, k_ids, scalars, o, lse), do = args[:-6], args[-6:-1], args[-1]
     delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)  # [b, h, q]
-    operands = (scalars, q, k, v, q_ids, k_ids, lse, delta, do)
+    operands = (scalars, *picked(arrays), q_ids, k_ids, lse, delta, do)
     dq = pl.pallas_call(
         functools.partial(_gpu_dq_kernel, block_k=back[1], **options), grid=(q_len // back[0], batch, heads),
-        in_specs=[seeds, tile(back[0], d_k), whole(k_len, d_k), whole(k_len, d_v), ids_tile(back[0]),
-                  ids_whole(k_len), rows_tile(back[0]), rows_tile(back[0]), tile(back[0], d_v)],
-        out_specs=tile(back[0], d_k), out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), compiler_params=params,
+        in_specs=[seeds, q_tile(back[0]), k_whole, v_whole, ids_tile(back[0]), ids_whole(k_len),
+                  rows_tile(back[0]), rows_tile(back[0]), o_tile(back[0])],
+        out_specs=q_tile(back[0]), out_shape=jax.ShapeDtypeStruct(q_array.shape, q_array.dtype),
+        compiler_params=params,
         cost_estimate=pl.CostEstimate(flops=2 * back_weights * (2 * d_k + d_v), transcendentals=back_weights,
-                                      bytes_accessed=item * (2 * q.size + k.size + v.size + do.size)),
+                                      bytes_accessed=item * (2 * q_size + k_size + v_size + o_size)),
         interpret=interpret, name='attention_gpu_dq')(*operands)
-    dk, dv = pl.pallas_call(
+    dkv_in_specs = [seeds, q_whole, k_tile(back[1]), v_tile(back[1]), ids_whole(q_len), ids_tile(back[1]),
+                    rows_whole(q_len), rows_whole(q_len), o_whole]
+    if k_slot is None:
+      dkv_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in arrays[1:]]
+      dkv_specs, into = [k_tile(back[1]), v_tile(back[1])], {}
+    else:  # the stack's keys and values, one block of both slots; with its queries, into dq's array
+      dkv_shapes = jax.ShapeDtypeStruct(k_array.shape, k_array.dtype)
+      dkv_specs = pl.BlockSpec((None, back[1], 2, None, d_k), lambda i, b, h: (b, i, 0, h, 0))
+      into = {} if q_slot is None else {len(operands): 0}
+      if into:
+        operands, dkv_in_specs = (*operands, dq), [*dkv_in_specs, dkv_specs]
+    dkv = pl.pallas_call(
         functools.partial(_gpu_dkv_kernel, block_q=back[0], **options), grid=(k_len // back[1], batch, heads),
-        in_specs=[seeds, whole(q_len, d_k), tile(back[1], d_k), tile(back[1], d_v), ids_whole(q_len),
-                  ids_tile(back[1]), rows_whole(q_len), rows_whole(q_len), whole(q_len, d_v)],
-        out_specs=[tile(back[1], d_k), tile(back[1], d_v)],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v)], compiler_params=params,
+        in_specs=dkv_in_specs, out_specs=dkv_specs, out_shape=dkv_shapes, input_output_aliases=into,
+        compiler_params=params,
         cost_estimate=pl.CostEstimate(flops=4 * back_weights * (d_k + d_v), transcendentals=back_weights,
-                                      bytes_accessed=item * (q.size + 2 * k.size + 2 * v.size + do.size)),
+                                      bytes_accessed=item * (q_size + 2 * k_size + 2 * v_size + o_size)),
         interpret=interpret, name='attention_gpu_dkv')(*operands)
-    return dq, dk, dv
+    return {3: lambda: (dq, *dkv), 2: lambda: (dq, dkv), 1: lambda: (dkv,)}[len(arrays)]()
 
   def forward_with_residuals(*args):
     o, lse = forward(*args)
@@ -587,23 +632,28 @@ def _gpu_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: bool,
 
   attend = jax.custom_vjp(lambda *args: forward(*args)[0])  # ids and scalars are arguments, as the TPU kernel's
   attend.defvjp(forward_with_residuals, lambda res, do: (*backward(*res, do), None, None, None))
-  return attend(q, k, v, q_ids, k_ids, scalars)
+  return attend(*args)
 
 
-def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
+def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None, stacked=None):
   """flash_gpu: our Triton kernels (`_gpu_attention`), for self- and cross-attention at any length, packed or
   padded, with attention dropout where `dropout_seeds` are given; lengths padded to their blocks, head dims by
   `_triton_head`. (jax's `pallas.ops.gpu.attention.mha`, which served self-attention before, is deprecated, was
   wrong in bf16 at 8-wide heads, and was not faster on an H100: bench/RESULTS.md.) The kernels scale the scores
   and zero the rows of queries that may attend to no key (padding keys get an id of their own), so no pass over
-  q or the output is left outside them."""
+  q or the output is left outside them. `stacked`: the fused projections' product k and v (and, self-attending, q)
+  were sliced from (`attention.attend`), which the kernels then read in place instead."""
   dropout_rate = dropout_rate if dropout_seeds is not None else 0.0
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size = (_round_up(n, _gpu_block(n, _GPU_BLOCKS[0])) for n in (q_len, k_len))
   head_k, head_v = _triton_head(d_k), _triton_head(d_v)
   attend = functools.partial(_gpu_attention, keep=1.0 - dropout_rate, causal=spec.causal, scale=1.0 / math.sqrt(d_k))
   seeds = jnp.zeros((2,), jnp.int32) if dropout_seeds is None else dropout_seeds  # unread without dropout
-  out = _dropout_per_device(
-      attend, _pad_to(_pad_to(q, 1, q_size), 3, head_k), _pad_to(_pad_to(k, 1, k_size), 3, head_k),
-      _pad_to(_pad_to(v, 1, k_size), 3, head_v), *_padded_segment_ids(spec, q_size, k_size, _KEY_PAD_ID), seeds)
+  padded = lambda x, size, head: _pad_to(_pad_to(x, 1, size), x.ndim - 1, head)  # no-ops where nothing is padded
+  if stacked is None:
+    arrays = (padded(q, q_size, head_k), padded(k, k_size, head_k), padded(v, k_size, head_v))
+  else:  # [b, k, n, h, d]: n = 3 holds q too (q_size = k_size)
+    kv = padded(stacked, k_size, head_k)
+    arrays = (kv,) if stacked.shape[2] == 3 else (padded(q, q_size, head_k), kv)
+  out = _dropout_per_device(attend, arrays, *_padded_segment_ids(spec, q_size, k_size, _KEY_PAD_ID), seeds)
   return out[:, :q_len, :, :d_v]

@@ -137,6 +137,7 @@ _BRANCHES_RE = re.compile(r'branch_computations=\{([^}]*)\}')
 _TRIP_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _COST_RE = re.compile(r'\\?"cost_estimate\\?":\s*(\{[^}]*\})')  # in a JSON string, its quotes may be escaped
 _TARGET_RE = re.compile(r'custom_call_target="([^"]*)"')
+_ALIASED_RE = re.compile(r'output_to_operand_aliasing=\{\{\}: \((\d+),')  # a lone result's operand
 
 # Ops that move no data of their own (views, tuples, control) or whose called computations are costed instead.
 _FREE = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'after-all', 'partition-id',
@@ -192,9 +193,33 @@ class OpCost:
 ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), 'splash_mha_dkv': (8, True)}
 FUSED_DQ_FACTOR = 2
 # `flash_gpu`'s Triton kernels: a Triton call keeps no cost estimate, and has a name of its own only in its
-# op_name ('.../attention_gpu_fwd/pallas_call'); q and k are its first two rank-4 operands, [batch, length, heads,
-# head dim]. The same factors, every block counted.
+# op_name ('.../attention_gpu_fwd/pallas_call'); q and k are its first two operands of rank 4, [batch, length,
+# heads, head dim], or 5, a stack of projections with a slot axis before the heads (`flash_attention._places`).
+# The same factors, every block counted.
 GPU_ATTENTION_KERNELS = {'attention_gpu_fwd': 4, 'attention_gpu_dq': 6, 'attention_gpu_dkv': 8}
+# Of a result that is such a stack, the slots each kernel writes (dq: the queries'; dkv: the keys' and values',
+# into the array dq's kernel wrote, which it takes as an operand it does not read).
+GPU_KERNEL_SLOTS_WRITTEN = {'attention_gpu_dq': 1, 'attention_gpu_dkv': 2}
+
+
+def _gpu_kernel(op_name: str) -> str | None:
+  return next((kernel for kernel in GPU_ATTENTION_KERNELS if f'/{kernel}/' in op_name), None)
+
+
+def _gpu_kernel_traffic(instruction: Instruction, types: dict[str, str]) -> tuple[float, float, float, float]:
+  """(read, of it HBM, written, of it HBM) of a `GPU_ATTENTION_KERNELS` call: each distinct operand read once
+  (a stack is passed once per slot it holds), the operand its result aliases not at all, and of a stacked result
+  only the slots `GPU_KERNEL_SLOTS_WRITTEN` says."""
+  aliased = _ALIASED_RE.search(instruction.attributes)
+  skip = int(aliased[1]) if aliased else -1
+  operands = dict.fromkeys(o for j, o in enumerate(instruction.operands) if j != skip)
+  read, hbm_read = _traffic([types.get(o, '') for o in operands])
+  written, hbm_written = _traffic([instruction.type])
+  result = _arrays(instruction.type)
+  if len(result) == 1 and len(result[0][1]) == 5:
+    share = GPU_KERNEL_SLOTS_WRITTEN[_gpu_kernel(instruction.op_name)] / result[0][1][2]
+    written, hbm_written = written * share, hbm_written * share
+  return read, hbm_read, written, hbm_written
 
 
 def _attention_kernel(name: str) -> tuple[int, bool]:
@@ -206,13 +231,14 @@ def attention_kernel_flops(name: str, operand_types: list[str], result_type: str
   """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' and result's shapes, or of a
   `GPU_ATTENTION_KERNELS` call (by its `op_name`); 0 for any other custom call."""
   factor, _ = _attention_kernel(name)
-  gpu_factor = next((f for kernel, f in GPU_ATTENTION_KERNELS.items() if f'/{kernel}/' in op_name), 0)
+  gpu_factor = GPU_ATTENTION_KERNELS.get(_gpu_kernel(op_name), 0)
   if not factor and not gpu_factor:
     return 0.0
-  q, k = [dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
   if gpu_factor:
-    (batch, q_len, heads, head_dim), k_len = q, k[1]
+    q, k = [dims for t in operand_types for _, dims in _arrays(t) if len(dims) in (4, 5)][:2]
+    (batch, q_len, heads, head_dim), k_len = (q[0], q[1], q[-2], q[-1]), k[1]
     return float(gpu_factor * batch * heads * q_len * k_len * head_dim)
+  q, k = [dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
   if name.startswith('splash_mha_dkv') and any(len(dims) == 5 for _, dims in _arrays(result_type)):
     factor += FUSED_DQ_FACTOR
   (batch, heads, q_len, head_dim), k_len = q, k[2]
@@ -448,6 +474,8 @@ def op_costs(hlo_text: str) -> list[OpCost]:
           target = target[1] if target else ''
           flops = (attention_kernel_flops(i.name, operand_types, i.type, i.op_name)
                    or library_gemm_flops(target, i.attributes, operand_types, i.type))
+          if _gpu_kernel(i.op_name):
+            read, hbm_read, written, hbm_written = _gpu_kernel_traffic(i, types)
           costs.append(OpCost(i.name, i.opcode, i.op_name, read + written, flops, 0.0, count, target,
                               estimated=False, hbm_bytes=hbm_read + hbm_written))
       elif i.opcode.endswith('-done'):  # the end of an asynchronous copy or collective: its result written once,
@@ -473,7 +501,7 @@ PARTS = ('embeddings', 'attention: scores', 'attention: mask', 'attention: softm
          'pre-softmax layer + loss', 'optimizer update', 'collectives', 'other (no model scope)')
 _SCORES, _WEIGHTED_SUM = 'bqhd,bkhd->bhqk', 'bhqk,bkhd->bqhd'  # attention.reference_attention's einsums
 _MASK_PRIMITIVES = ('select_n', 'and', 'eq', 'ne', 'le', 'lt', 'ge', 'gt', 'iota', 'any', 'reduce_or')
-_PROJECTIONS = ('/query/', '/key/', '/value/', '/out/', '/key_value/', '/query_key_value/')  # fused on a GPU
+_PROJECTIONS = ('/query/', '/key/', '/value/', '/out/', '/key_value/', '/key_value_query/')  # fused on a GPU
 
 
 def part_of(op: OpCost) -> str:

@@ -194,11 +194,11 @@ class ProjectionParams(nn.Module):
     return kernel, bias
 
 
-def project(config: ModelConfig, x, projections) -> list:
+def project(config: ModelConfig, x, projections):
   """x [..., d_in] through projections of one shape ((kernel, bias) pairs) as one matrix product: several kernels
-  stacked on a new axis, so x is read once and the product is as wide as all of them (the backward pass's too); a
-  lone kernel as it is (a unit stack axis changes XLA's layouts). In the compute dtype, on a CPU through
-  `cpu_backend.dot_general` as `dense`."""
+  stacked on a new axis, [..., n, heads, head_dim], so x is read once and the product is as wide as all of them
+  (the backward pass's too); a lone kernel as it is (a unit stack axis changes XLA's layouts). In the compute
+  dtype, on a CPU through `cpu_backend.dot_general` as `dense`."""
   dtype, stacked = config.compute_dtype, len(projections) > 1
   join = (lambda arrays: jnp.stack(arrays, axis=-3)) if stacked else (lambda arrays: arrays[0])
   kernel = join([kernel for kernel, _ in projections]).astype(dtype)  # [d_in, (n,) heads, head_dim]
@@ -206,7 +206,10 @@ def project(config: ModelConfig, x, projections) -> list:
   out = dot(x.astype(dtype), kernel, (((x.ndim - 1,), (0,)), ((), ())))
   if projections[0][1] is not None:
     out = out + join([bias for _, bias in projections]).astype(dtype)
-  return [out[..., i, :, :] for i in range(len(projections))] if stacked else [out]
+  return out
+
+
+_STACK_ORDER = ('key', 'value', 'query')  # fused projections' order: the stack `attention.attend` takes
 
 
 class MultiHeadAttention(nn.Module):
@@ -231,15 +234,15 @@ class MultiHeadAttention(nn.Module):
     qkv_names = ('batch', 'length', 'heads', 'kv')
 
     if not self.cross:
-      q, k, v = self._project(x_q, params, ('query', 'key', 'value'))
+      (q, k, v), stacked = self._project(x_q, params, ('query', 'key', 'value'))
       if self.decode:
-        k, v, spec = self._append_to_cache(k, v, spec, decode_index)
+        (k, v, spec), stacked = self._append_to_cache(k, v, spec, decode_index), None
     else:
-      (q,) = self._project(x_q, params, ('query',))
+      (q,), _ = self._project(x_q, params, ('query',))
       if self.decode and self.has_variable('cache', 'cached_key'):  # projected once, when the cache was made
-        k, v = self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
+        (k, v), stacked = (self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')), None
       else:
-        k, v = self._project(x_kv, params, ('key', 'value'))
+        (k, v), stacked = self._project(x_kv, params, ('key', 'value'))
         if self.decode:
           self.put_variable('cache', 'cached_key', k)
           self.put_variable('cache', 'cached_value', v)
@@ -253,22 +256,26 @@ class MultiHeadAttention(nn.Module):
       self.sow('intermediates', 'attention_weights', weights)
     else:
       out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
-                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
+                             dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng, stacked=stacked)
     out = _constrain(out, qkv_names)
     out_proj = dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), use_bias=cfg.attention_bias, name='out')
     return out_proj(out)
 
   def _project(self, x, params, names):
     """The named projections of x; on a GPU those of one shape (all unless d_k != d_v) as one matrix product,
-    which cuBLAS runs faster than three narrow ones (a TPU program moves more bytes that way: one each)."""
+    which cuBLAS runs faster than three narrow ones (a TPU program moves more bytes that way: one each). Also
+    that product where it stacks keys and values first (then queries), which `flash_gpu` reads in place; else None."""
     fuse, groups = sharding.target_platform() == 'gpu', {}
-    for name in names:
+    for name in sorted(names, key=_STACK_ORDER.index) if fuse else names:
       groups.setdefault(params[name][0].shape if fuse else name, []).append(name)
-    out = {}
+    out, stacked = {}, None
     for group in groups.values():
       with jax.named_scope('_'.join(group)):  # op names that hlo_costs attributes to the projections
-        out.update(zip(group, project(self.config, x, [params[name] for name in group])))
-    return [out[name] for name in names]
+        product = project(self.config, x, [params[name] for name in group])
+        out.update(zip(group, [product[..., i, :, :] for i in range(len(group))] if len(group) > 1 else [product]))
+      if group[:2] == ['key', 'value']:
+        stacked = product
+    return [out[name] for name in names], stacked
 
   def _append_to_cache(self, k, v, spec, decode_index):
     """Writes these tokens' keys/values and validity at decode_index; a query then sees the valid cache
