@@ -25,11 +25,34 @@ def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
   return 1.0 - smoothing, smoothing / (vocab - 1)
 
 
-def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gold_logit=None):
+# (running maximum, sum of exponentials rescaled to it) before any logit: not -inf, whose exp(-inf - -inf) would
+# make NaN where a parallel reduction combines two such starts.
+_LSE_START = (np.float32(np.finfo(np.float32).min), np.float32(0.0))
+
+
+def _lse_combine(a, b):
+  """Two (running maximum, sum of exponentials rescaled to it) pairs as one."""
+  top = jnp.maximum(a[0], b[0])
+  return top, a[1] * jnp.exp(a[0] - top) + b[1] * jnp.exp(b[0] - top)
+
+
+def _top_and_lse(logits, one_pass: bool):
+  """Each row's maximum and log-sum-exp of float32 logits [..., vocab]. one_pass: both from one reduction
+  (`_lse_combine`), where XLA:GPU otherwise reads the logits once for each (the TPU compiler fuses the two
+  itself); it has no derivative, so only the loss's own VJP uses it."""
+  if not one_pass:
+    top = jnp.max(logits, axis=-1)
+    return top, top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  top, total = jax.lax.reduce((logits, jnp.ones_like(logits)), _LSE_START, _lse_combine, (logits.ndim - 1,))
+  return top, top + jnp.log(total)
+
+
+def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gold_logit=None, one_pass=False):
   """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from logits [..., vocab] of any float
   dtype plus a float32 `bias` [vocab] (or none), reduced in float32 (the gold logit is gathered before the cast:
   no float32 copy of them is needed). `logit_sum` (bias included) and `gold_logit` (bias excluded, in the logits'
   dtype): each token's sum of logits and its gold logit, where the caller has them without a pass over the logits.
+  `one_pass`: the maximum and log-sum-exp from one reduction (`_top_and_lse`).
 
   The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
   subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy.
@@ -41,8 +64,7 @@ def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gol
   logits = logits.astype(jnp.float32)
   if bias is not None:
     gold_logit, logits = gold_logit + bias[targets], logits + bias
-  top = jnp.max(logits, axis=-1)
-  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  top, lse = _top_and_lse(logits, one_pass)
   nll = lse - gold_logit
   correct = (gold_logit >= top).astype(jnp.float32)  # = argmax == target, up to exact ties
   if smoothing == 0.0:
@@ -82,18 +104,18 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
   # Σ_v logit_v = h · Σ_v W_v (+ Σ bias): the smoothing term's logit sums without another pass over the logits
   weight_sum = jnp.sum(weights.astype(jnp.float32), axis=0)
   bias_sum = 0.0 if bias is None else jnp.sum(bias)
-  dy = []
+  dy, gpu = [], sharding.target_platform() == 'gpu'
   for start, size in _chunks(hidden.shape[1], chunk_length):
     logits, chunk = _chunk_logits(hidden, weights, start, size)
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
     mask = (chunk_targets > 0).astype(jnp.float32)
     logit_sum = jnp.einsum('bcd,d->bc', chunk.astype(jnp.float32), weight_sum) + bias_sum
     gold_logit = None  # gathered from the logits, which the TPU compiler fuses with their maximum
-    if sharding.target_platform() == 'gpu':  # from the gold tokens' weights, rounded as the logits are (-1.8 GB
-      # per base step on an H100: bench/RESULTS.md)
+    if gpu:  # from the gold tokens' weights, rounded as the logits are (-1.8 GB per base step on an H100:
+      # bench/RESULTS.md)
       gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
                               weights[chunk_targets].astype(jnp.float32)).astype(logits.dtype)
-    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum, gold_logit)
+    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum, gold_logit, one_pass=gpu)
     sums = [total + jnp.sum(value * mask) for total, value in zip(sums, per_token)]
     if with_gradients:
       is_gold = jnp.arange(vocab) == chunk_targets[..., None]
