@@ -238,6 +238,9 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   projections = {op.op_name.rsplit('/', 1)[1] for op in hlo_costs.op_costs(text) if '._project/' in op.op_name}
   assert 'dot_general' in projections and 'add_any' not in projections
   assert 'custom_call_target="__cublas$lt$matmul"' in text and 'gemm_fusion' not in text  # xla_options
+  # Without ReLU dropout the FFN's ReLU is the one user of its first product (`model.relu_dropout`), so cuBLAS
+  # adds the bias and takes the ReLU as it writes the product.
+  assert re.search(r'op_name="[^"]*/ffn/wi/dot_general".*"epilogue":"BIAS_RELU"', text)
   assert not re.search(r'u32\[\d+,\d+,\d+', text)  # dropout's masks hashed where they are used: no random bits kept
   analysis = aot.analyze_program(program, topology)
   assert analysis.fits and analysis.hbm_capacity > 79 * aot.GiB

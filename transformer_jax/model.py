@@ -90,20 +90,22 @@ class Dropout(nn.Module):
 
 def relu_dropout(h, mask, keep: float):
   """max(0, h), then dropout's `mask` (None: no dropout) with 1/keep scaling."""
-  return jax.nn.relu(h) if mask is None else _relu_then_drop(h, mask, keep)
+  return _relu_then_drop(h, mask, 1.0 if mask is None else keep)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _relu_then_drop(h, mask, keep: float):
-  """`relu_dropout` with a mask, differentiated from its output alone: the output is > 0 exactly where h > 0 and
-  the mask keeps, so the backward pass needs neither h nor the mask, and the next product's backward pass keeps
-  the output anyway."""
-  return jax.lax.select(mask, jnp.maximum(h, 0) / keep, jnp.zeros_like(h))
+  """`relu_dropout`, differentiated from its output alone: the output is > 0 exactly where h > 0 and the mask
+  keeps, so the backward pass needs neither h nor the mask, and the next product's backward pass keeps the output
+  anyway. Without a mask h then has the ReLU as its one user, which XLA:GPU computes in the product's epilogue
+  (the residual passes an optimization barrier, or XLA would read `output > 0` as `h > 0` and keep h)."""
+  y = jnp.maximum(h, 0)
+  return y if mask is None else jax.lax.select(mask, y / keep, jnp.zeros_like(h))
 
 
 def _relu_then_drop_fwd(h, mask, keep):
   y = _relu_then_drop(h, mask, keep)
-  return y, y
+  return y, jax.lax.optimization_barrier(y)
 
 
 def _relu_then_drop_bwd(keep, y, dy):
