@@ -97,15 +97,15 @@ def relu_dropout(h, mask, keep: float):
 def _relu_then_drop(h, mask, keep: float):
   """`relu_dropout`, differentiated from its output alone: the output is > 0 exactly where h > 0 and the mask
   keeps, so the backward pass needs neither h nor the mask, and the next product's backward pass keeps the output
-  anyway. Without a mask h then has the ReLU as its one user, which XLA:GPU computes in the product's epilogue
-  (the residual passes an optimization barrier, or XLA would read `output > 0` as `h > 0` and keep h)."""
+  anyway. On a GPU the residual passes an optimization barrier, without which XLA reads `output > 0` as `h > 0`
+  and keeps h: without a mask h's one user is then the ReLU, which cuBLAS computes in the product's epilogue."""
   y = jnp.maximum(h, 0)
   return y if mask is None else jax.lax.select(mask, y / keep, jnp.zeros_like(h))
 
 
 def _relu_then_drop_fwd(h, mask, keep):
   y = _relu_then_drop(h, mask, keep)
-  return y, jax.lax.optimization_barrier(y)
+  return y, jax.lax.optimization_barrier(y) if sharding.target_platform() == 'gpu' else y
 
 
 def _relu_then_drop_bwd(keep, y, dy):
