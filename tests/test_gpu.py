@@ -2,10 +2,11 @@
 `JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_gpu.py`.
 
 The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) and our Triton kernels (`flash_gpu`,
-bf16 at any head dim, and with attention dropout) agree with the reference implementation, and a bf16 training
-step (float32 params and optimizer state) follows the float32 one.
+bf16 at any head dim, with attention dropout, on a stack of projections; `residual_norm`) agree with the reference
+implementation, and a bf16 training step (float32 params and optimizer state) follows the float32 one.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,8 @@ import pytest
 import helpers
 from transformer_jax import attention
 from transformer_jax import attention_masks
+from transformer_jax import dropout_masks
+from transformer_jax import residual_norm
 from transformer_jax import sharding
 from transformer_jax import steps
 
@@ -124,6 +127,29 @@ def test_flash_gpu_reads_a_stack_of_projections_compiled_by_triton():
       got, want = jax.jit(lambda: run('flash_gpu'))(), jax.jit(lambda: run('reference'))()
     for name, g, w in zip(('out', 'dq', 'dstack'), got, want):
       np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=f'{name}, {n} slots')
+
+
+def test_residual_norm_kernels_compiled_by_triton_agree_with_xla():
+  """The post-LN residual block's kernels (`residual_norm`), compiled by Triton: XLA's LayerNorm(x + dropout(y))
+  with the GPU's dropout mask, forward and gradients, at base's width."""
+  rng = np.random.default_rng(5)
+  x, y, cotangent = (jnp.asarray(rng.normal(size=(4, 100, 512)), jnp.float32) for _ in range(3))
+  scale, bias = (jnp.asarray(rng.normal(size=512), jnp.float32) for _ in range(2))
+  key, keep = jax.random.key(6), 0.9
+
+  def xla(x, y, scale, bias):
+    y = jax.lax.select(dropout_masks.hashed_keep(key, keep, y.shape), y / keep, jnp.zeros_like(y))
+    return nn.LayerNorm(epsilon=1e-6).apply({'params': {'scale': scale, 'bias': bias}}, x + y)
+
+  def run(f):
+    out, vjp = jax.vjp(f, x, y, scale, bias)
+    return out, *vjp(cotangent)
+
+  kernels = lambda *a: residual_norm.residual_norm(*a, dropout_masks.seeds(key), keep, 1e-6)
+  assert 'residual_norm_fwd' in jax.jit(lambda: run(kernels)).lower().compile().as_text()
+  got, want = jax.jit(lambda: run(kernels))(), jax.jit(lambda: run(xla))()
+  for name, g, w in zip(('out', 'dx', 'dy', 'dscale', 'dbias'), got, want):
+    np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=name)
 
 
 def test_bf16_train_step_follows_the_float32_step():

@@ -70,7 +70,7 @@ def _pad_to(x, axis: int, size: int, value=0):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def _mesh_axes(mesh, logical: str, size: int):
+def mesh_axes(mesh, logical: str, size: int):
   """The mesh axes the logical-axis rules shard `logical` over, if they divide `size`; else None (replicated)."""
   axes = nn.logical_to_mesh_axes((logical,))[0]
   if axes is None:
@@ -107,7 +107,7 @@ def _per_device(kernel, arrays, q_ids, kv_ids, *dropout):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return kernel(*arrays, q_ids, kv_ids, *dropout)
-  batch, heads = _mesh_axes(mesh, 'batch', q_ids.shape[0]), _mesh_axes(mesh, 'heads', arrays[0].shape[-2])
+  batch, heads = mesh_axes(mesh, 'batch', q_ids.shape[0]), mesh_axes(mesh, 'heads', arrays[0].shape[-2])
   spec = lambda x: P(batch, None, *[None] * (x.ndim - 4), heads, None)
   ids = P(batch, None)
   dropout_specs = (P(batch), P(heads), P()) if dropout else ()

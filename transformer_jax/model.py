@@ -25,6 +25,7 @@ from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import cpu_backend
 from transformer_jax import dropout_masks
+from transformer_jax import residual_norm
 from transformer_jax import sharding
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.tokens import BOS_ID
@@ -86,6 +87,13 @@ class Dropout(nn.Module):
   def __call__(self, x, deterministic: bool):
     mask = self.keep_mask(x.shape, deterministic)
     return x if mask is None else jax.lax.select(mask, x / (1.0 - self.rate), jnp.zeros_like(x))
+
+  def seeds(self, deterministic: bool) -> jax.Array:
+    """The words of `dropout_masks.hashed_keep` (a GPU's masks) for a kernel that draws this call's mask itself:
+    the key `keep_mask` would have taken. Zeros when it keeps every element (unread)."""
+    if deterministic or self.rate == 0.0:
+      return jnp.zeros((2,), jnp.int32)
+    return dropout_masks.seeds(self.make_rng('dropout'))
 
 
 def relu_dropout(h, mask, keep: float):
@@ -335,11 +343,29 @@ class Residual(nn.Module):
 
   @nn.compact
   def __call__(self, x, sublayer):
-    norm = layer_norm(self.config, 'norm')
-    dropout = Dropout(self.config, self.config.dropout)
-    if self.config.norm == 'pre':
+    cfg = self.config
+    dropout = Dropout(cfg, cfg.dropout)
+    if cfg.norm == 'post' and sharding.target_platform() == 'gpu' and residual_norm.serves(x):
+      y = sublayer(x)  # then one kernel a pass adds, drops and normalises (residual_norm.py)
+      scale, bias = NormParams(cfg, name='norm')(x.shape[-1])
+      keep = 1.0 if self.deterministic else 1.0 - cfg.dropout
+      return residual_norm.residual_norm(x, y.astype(x.dtype), scale, bias, dropout.seeds(self.deterministic), keep,
+                                         cfg.layer_norm_epsilon)
+    norm = layer_norm(cfg, 'norm')
+    if cfg.norm == 'pre':
       return x + dropout(sublayer(norm(x)), self.deterministic)
     return norm(x + dropout(sublayer(x), self.deterministic))
+
+
+class NormParams(nn.Module):
+  """`layer_norm`'s parameters, named and initialised as it names them, for `residual_norm`'s kernels."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, d: int):
+    make = lambda name, init: self.param(name, _param(init, ('embed',)), (d,), self.config.weight_dtype)
+    return make('scale', nn.initializers.ones), make('bias', nn.initializers.zeros)
 
 
 class EncoderLayer(nn.Module):

@@ -1,0 +1,94 @@
+"""The GPU's post-LN residual block kernels (`residual_norm`) equal XLA's LayerNorm(x + dropout(y)) with the GPU's
+dropout mask, forward and gradients, on a mesh too; the model runs them on a GPU with the same parameters.
+
+Run on a CPU in Pallas interpret mode (`flash_attention.interpret_kernels`); tests/test_aot.py compiles them for an
+H100 inside a train step.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import helpers
+from transformer_jax import dropout_masks
+from transformer_jax import flash_attention
+from transformer_jax import residual_norm
+from transformer_jax import sharding
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.sections import mesh as mesh_section
+
+
+@pytest.mark.parametrize('dtype,keep,shape,on_mesh', [
+    ('float32', 0.9, (4, 12, 64), True),  # 2 devices' rows: the mask of the whole batch's row indices
+    ('float32', 1.0, (4, 12, 64), False),
+    ('float32', 0.7, (3, 7, 32), False),  # 21 rows: blocks of one row
+    ('bfloat16', 0.9, (4, 12, 64), False),
+])
+def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, keep, shape, on_mesh):
+  rng = np.random.default_rng(0)
+  dtype = jnp.dtype(dtype)
+  x, y, cotangent = (jnp.asarray(rng.normal(size=shape), dtype) for _ in range(3))
+  scale = jnp.asarray(1 + 0.1 * rng.normal(size=shape[-1]), jnp.float32)
+  bias = jnp.asarray(0.1 * rng.normal(size=shape[-1]), jnp.float32)
+  key = jax.random.key(3)
+  layer_norm = nn.LayerNorm(epsilon=1e-6, dtype=dtype)
+
+  def xla(x, y, scale, bias):
+    if keep < 1.0:
+      y = jax.lax.select(dropout_masks.hashed_keep(key, keep, y.shape), y / keep, jnp.zeros_like(y))
+    return layer_norm.apply({'params': {'scale': scale, 'bias': bias}}, x + y)
+
+  kernels = lambda x, y, scale, bias: residual_norm.residual_norm(x, y, scale, bias, dropout_masks.seeds(key), keep,
+                                                                  1e-6)
+
+  def output_and_grads(f):
+    out, vjp = jax.vjp(f, x, y, scale, bias)
+    return out, *vjp(cotangent)
+
+  want = jax.jit(lambda: output_and_grads(xla))()
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
+  with flash_attention.interpret_kernels():
+    jaxpr = str(jax.make_jaxpr(lambda: output_and_grads(kernels))())
+    assert 'residual_norm_fwd' in jaxpr and 'residual_norm_bwd' in jaxpr and 'shard_map' not in jaxpr
+    if on_mesh:
+      with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
+        jaxpr = str(jax.make_jaxpr(lambda: output_and_grads(kernels))())
+        assert 'shard_map' in jaxpr
+        got = jax.jit(lambda: output_and_grads(kernels))()
+    else:
+      got = jax.jit(lambda: output_and_grads(kernels))()
+  # float32: rounding; bfloat16: a few roundings of 2^-8 apart (the kernel rounds where XLA's fusions do not)
+  tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+  for name, g, w in zip(('out', 'dx', 'dy', 'dscale', 'dbias'), got, want):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert np.abs(g - w).max() <= tolerance * np.abs(w).max(), name
+  if keep < 1.0:  # the dropped elements get no gradient, as with XLA's mask
+    np.testing.assert_array_equal(np.asarray(got[2]) == 0, np.asarray(want[2]) == 0)
+
+
+@pytest.mark.parametrize('d_model', [32, 48])
+def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeypatch, d_model):
+  """On a GPU a post-LN model's residual blocks run the kernels where d_model is a power of two (else XLA's
+  ops), with LayerNorm's parameters: the same logits and gradients as XLA's path."""
+  config = ModelConfig(vocab_size=40, d_model=d_model, d_ff=64, num_heads=4, num_encoder_layers=1,
+                       num_decoder_layers=1, dropout=0.0, max_len=64, attention='reference', cpu_kernels='off')
+  inputs, targets = helpers.tokens(0, (2, 7), [7, 5]), helpers.tokens(1, (2, 9), [9, 4])
+  model = Transformer(config)
+  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)['params'])
+  loss = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, inputs, targets, deterministic=False)))
+  run = lambda: jax.jit(lambda p: (model.apply({'params': p}, inputs, targets), jax.grad(loss)(p)))(params)
+  expected = run()
+  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
+  with flash_attention.interpret_kernels():
+    gpu_params = nn.unbox(model.init(jax.random.key(0), inputs, targets)['params'])
+    assert jax.tree.structure(gpu_params) == jax.tree.structure(params)
+    kernels = [eqn.params['name'] for eqn in helpers.equations(jax.make_jaxpr(loss)(params).jaxpr)
+               if eqn.primitive.name == 'pallas_call']
+    assert kernels == (['residual_norm_fwd'] * 5 if d_model == 32 else [])  # 2 encoder, 3 decoder blocks
+    got = run()
+  np.testing.assert_allclose(got[0], expected[0], atol=1e-5, rtol=1e-5)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):
+    np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))

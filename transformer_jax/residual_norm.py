@@ -1,0 +1,164 @@
+"""The post-LN residual block's LayerNorm(x + dropout(y)) as one Pallas Triton kernel a pass, for a GPU.
+
+XLA:GPU splits it into two kernels each way (the row statistics, then what needs them), so x + dropout(y) is
+written and read back forward and the backward pass reads its inputs twice: 5 passes over [tokens, d_model]
+forward and 6 backward, against 4 and 4 here (bench/RESULTS.md). The dropout mask is `dropout_masks.hashed_keep`'s
+(what a GPU draws), computed inside from each element's row and column, so both paths keep the same elements.
+The statistics are float32, the variance E[z²] − E[z]² as Flax's LayerNorm computes it.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+from jax.sharding import PartitionSpec as P
+
+from transformer_jax import dropout_masks
+from transformer_jax import flash_attention
+
+_FORWARD_ROWS, _BACKWARD_ROWS = 16, 32  # rows a program at most: the backward's scale and bias gradients are one
+# row of partial sums a program
+
+
+def serves(x) -> bool:
+  """Whether the kernels take x [..., d_model]: a power-of-two d_model, as Triton's blocks need."""
+  d = x.shape[-1]
+  return d >= 16 and d & (d - 1) == 0
+
+
+def _block_rows(rows: int, most: int) -> int:
+  """The largest power of two up to `most` that divides `rows`: blocks that tile the rows exactly."""
+  return next(b for b in (most >> i for i in range(most.bit_length())) if rows % b == 0)
+
+
+def _kept(scalars_ref, first_row, shape, keep: float):
+  """`dropout_masks.hashed_keep`'s mask for rows first_row.. (of the whole batch) of a [rows, d] block; scalars:
+  the two words of `dropout_masks.seeds`, then the first row of this device's block."""
+  rows = (first_row + jnp.arange(shape[0], dtype=jnp.int32))[:, None]  # a column and a row, as Triton builds them
+  columns = jnp.arange(shape[1], dtype=jnp.int32)[None, :]
+  mix = dropout_masks.mix
+  return dropout_masks.below(mix(mix(mix(rows ^ scalars_ref[0]) ^ columns) ^ scalars_ref[1]), keep)
+
+
+def _forward_kernel(scalars_ref, x_ref, y_ref, scale_ref, bias_ref, out_ref, z_ref, mean_ref, rstd_ref, *,
+                    keep: float, eps: float):
+  """A block of rows: z = x + dropout(y), rounded to their dtype as XLA's add is; its float32 statistics; the
+  output. z, the mean and 1/std are kept for the backward pass."""
+  x, y = x_ref[...], y_ref[...]
+  if keep < 1.0:
+    dropped = (y.astype(jnp.float32) / keep).astype(y.dtype)
+    kept = _kept(scalars_ref, scalars_ref[2] + pl.program_id(0) * x.shape[0], x.shape, keep)
+    y = jnp.where(kept, dropped, jnp.zeros_like(y))
+  z = (x.astype(jnp.float32) + y.astype(jnp.float32)).astype(z_ref.dtype)
+  zf = z.astype(jnp.float32)
+  mean = jnp.mean(zf, axis=1)
+  rstd = jax.lax.rsqrt(jnp.maximum(jnp.mean(zf * zf, axis=1) - mean * mean, 0.0) + eps)
+  out = (zf - mean[:, None]) * rstd[:, None] * scale_ref[...][None, :] + bias_ref[...][None, :]
+  out_ref[...], z_ref[...] = out.astype(out_ref.dtype), z
+  mean_ref[...], rstd_ref[...] = mean, rstd
+
+
+def _backward_kernel(scalars_ref, dout_ref, z_ref, mean_ref, rstd_ref, scale_ref, dz_ref, dy_ref, dscale_ref,
+                     dbias_ref, *, keep: float):
+  """A block of rows' gradients: dz (the residual's) and dy (dz where dropout kept y, scaled), from z and its
+  statistics; and the block's sums of the scale's and bias's gradients."""
+  dout = dout_ref[...].astype(jnp.float32)
+  mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
+  xhat = (z_ref[...].astype(jnp.float32) - mean) * rstd
+  g = dout * scale_ref[...][None, :]
+  d = dout.shape[1]
+  dz = rstd * (g - jnp.sum(g, axis=1, keepdims=True) / d - xhat * (jnp.sum(g * xhat, axis=1, keepdims=True) / d))
+  dz = dz.astype(dz_ref.dtype)
+  dy = (dz.astype(jnp.float32) / keep).astype(dy_ref.dtype)
+  if keep < 1.0:
+    kept = _kept(scalars_ref, scalars_ref[2] + pl.program_id(0) * dout.shape[0], dout.shape, keep)
+    dy = jnp.where(kept, dy, jnp.zeros_like(dy))
+  dz_ref[...], dy_ref[...] = dz, dy
+  dscale_ref[...] = jnp.sum(dout * xhat, axis=0)
+  dbias_ref[...] = jnp.sum(dout, axis=0)
+
+
+def _per_device(local, x, *args, batched: int, outputs: int):
+  """local(*arrays, batch_index) on each device's rows of the context mesh's batch axes (if any): the first
+  `batched` of `args` and x have the batch first, the rest are replicated; its `outputs` results have the batch
+  first (the scale and bias gradients' partial sums: their blocks). batch_index [batch]: the rows' indices."""
+  batch_index = jnp.arange(x.shape[0], dtype=jnp.int32)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return local(x, *args, batch_index)
+  axes = flash_attention.mesh_axes(mesh, 'batch', x.shape[0])
+  rows = lambda a: P(axes, *[None] * (a.ndim - 1))
+  specs = (rows(x), *[rows(a) if i < batched else P() for i, a in enumerate(args)], P(axes))
+  return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(axes),) * outputs, check_vma=False)(
+      x, *args, batch_index)
+
+
+def _scalars(words, batch_index, length: int):
+  return jnp.concatenate([words, batch_index[:1] * length])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def residual_norm(x, y, scale, bias, words, keep: float, eps: float):
+  """LayerNorm(x + dropout(y)) · scale + bias over the last axis of x and y [batch, length, d] (`serves`), in
+  their dtype; dropout keeps elements with probability `keep` by `words` (`dropout_masks.seeds` of the dropout
+  key). Each device runs the kernels on its rows."""
+  return _forward(x, y, scale, bias, words, keep, eps)[0]
+
+
+def _forward(x, y, scale, bias, words, keep, eps):
+  batch, length, d = x.shape
+
+  def local(x, y, scale, bias, words, batch_index):
+    rows = x.shape[0] * length
+    block = _block_rows(rows, _FORWARD_ROWS)
+    row_block, row_stats = pl.BlockSpec((block, d), lambda i: (i, 0)), pl.BlockSpec((block,), lambda i: (i,))
+    vector = pl.BlockSpec((d,), lambda i: (0,))
+    stats = jax.ShapeDtypeStruct((rows,), jnp.float32)
+    out, z, mean, rstd = pl.pallas_call(
+        functools.partial(_forward_kernel, keep=keep, eps=eps), grid=(rows // block,),
+        in_specs=[pl.BlockSpec((3,), lambda i: (0,)), row_block, row_block, vector, vector],
+        out_specs=[row_block, row_block, row_stats, row_stats],
+        out_shape=[jax.ShapeDtypeStruct((rows, d), x.dtype)] * 2 + [stats] * 2,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=flash_attention.interpreting(),
+        name='residual_norm_fwd')(_scalars(words, batch_index, length), x.reshape(rows, d), y.reshape(rows, d),
+                                  scale.astype(jnp.float32), bias.astype(jnp.float32))
+    local_shape = (x.shape[0], length)
+    return (out.reshape(x.shape), z.reshape(x.shape), mean.reshape(local_shape), rstd.reshape(local_shape))
+
+  out, z, mean, rstd = _per_device(local, x, y, scale, bias, words, batched=1, outputs=4)
+  return out, (z, mean, rstd, scale, bias, words)
+
+
+def _residual_norm_fwd(x, y, scale, bias, words, keep, eps):
+  return _forward(x, y, scale, bias, words, keep, eps)
+
+
+def _residual_norm_bwd(keep, eps, residuals, dout):
+  del eps
+  z, mean, rstd, scale, bias, words = residuals
+  length, d = z.shape[1:]
+
+  def local(dout, z, mean, rstd, scale, words, batch_index):
+    rows = z.shape[0] * length
+    block = _block_rows(rows, _BACKWARD_ROWS)
+    blocks = rows // block
+    row_block, row_stats = pl.BlockSpec((block, d), lambda i: (i, 0)), pl.BlockSpec((block,), lambda i: (i,))
+    partial_sums = pl.BlockSpec((None, d), lambda i: (i, 0))
+    dz, dy, dscale, dbias = pl.pallas_call(
+        functools.partial(_backward_kernel, keep=keep), grid=(blocks,),
+        in_specs=[pl.BlockSpec((3,), lambda i: (0,)), row_block, row_block, row_stats, row_stats,
+                  pl.BlockSpec((d,), lambda i: (0,))],
+        out_specs=[row_block, row_block, partial_sums, partial_sums],
+        out_shape=[jax.ShapeDtypeStruct((rows, d), z.dtype)] * 2 + [jax.ShapeDtypeStruct((blocks, d), jnp.float32)] * 2,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=flash_attention.interpreting(),
+        name='residual_norm_bwd')(_scalars(words, batch_index, length), dout.reshape(rows, d), z.reshape(rows, d),
+                                  mean.reshape(rows), rstd.reshape(rows), scale.astype(jnp.float32))
+    return dz.reshape(z.shape), dy.reshape(z.shape), dscale, dbias
+
+  dz, dy, dscale, dbias = _per_device(local, dout, z, mean, rstd, scale, words, batched=3, outputs=4)
+  return (dz, dy, jnp.sum(dscale, axis=0).astype(scale.dtype), jnp.sum(dbias, axis=0).astype(bias.dtype), None)
+
+
+residual_norm.defvjp(_residual_norm_fwd, _residual_norm_bwd)
