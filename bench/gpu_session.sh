@@ -68,7 +68,7 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   for attention in auto flash_gpu; do
     throughput 100 "base_$attention" --configs=base --impls=ours --rounds=3 --steps=5 --override="attention=$attention"
   done
-  # Big with torch's dropout placement against torch.compile: its program moves 8% fewer bytes since the GPU lab
+  # Big with torch's dropout placement against torch.compile: its program moves 22% fewer bytes since the GPU lab
   # (bench/RESULTS.md, "The H100's program compiled on this CPU"); 1.18x at the H200's second visit
   throughput 150 big_dropout --configs=big --impls=ours,torch_compile --rounds=2 --steps=4 --override="$dropout"
   local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
