@@ -145,7 +145,7 @@ def test_residual_norm_kernels_compiled_by_triton_agree_with_xla():
     out, vjp = jax.vjp(f, x, y, scale, bias)
     return out, *vjp(cotangent)
 
-  kernels = lambda *a: residual_norm.residual_norm(*a, dropout_masks.seeds(key), keep, 1e-6)
+  kernels = lambda *a: residual_norm.residual_norm(*a, dropout_masks.seeds(key), keep, 1e-6, jnp.float32)
   assert 'residual_norm_fwd' in jax.jit(lambda: run(kernels)).lower().compile().as_text()
   got, want = jax.jit(lambda: run(kernels))(), jax.jit(lambda: run(xla))()
   for name, g, w in zip(('out', 'dx', 'dy', 'dscale', 'dbias'), got, want):

@@ -21,20 +21,22 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.sections import mesh as mesh_section
 
 
-@pytest.mark.parametrize('dtype,keep,shape,on_mesh', [
-    ('float32', 0.9, (4, 12, 64), True),  # 2 devices' rows: the mask of the whole batch's row indices
-    ('float32', 1.0, (4, 12, 64), False),
-    ('float32', 0.7, (3, 7, 32), False),  # 21 rows: blocks of one row
-    ('bfloat16', 0.9, (4, 12, 64), False),
+@pytest.mark.parametrize('dtype,out_dtype,keep,shape,on_mesh', [
+    ('float32', 'float32', 0.9, (4, 12, 64), True),  # 2 devices' rows: the mask of the whole batch's row indices
+    ('float32', 'float32', 1.0, (4, 12, 64), False),
+    ('float32', 'float32', 0.7, (3, 7, 32), False),  # 21 rows: blocks of one row
+    ('bfloat16', 'bfloat16', 0.9, (4, 12, 64), False),
+    ('float32', 'bfloat16', 0.9, (4, 12, 64), False),  # LayerNorm's compute dtype below its input's
 ])
-def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, keep, shape, on_mesh):
+def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, out_dtype, keep, shape, on_mesh):
   rng = np.random.default_rng(0)
-  dtype = jnp.dtype(dtype)
-  x, y, cotangent = (jnp.asarray(rng.normal(size=shape), dtype) for _ in range(3))
+  dtype, out_dtype = jnp.dtype(dtype), jnp.dtype(out_dtype)
+  x, y = (jnp.asarray(rng.normal(size=shape), dtype) for _ in range(2))
+  cotangent = jnp.asarray(rng.normal(size=shape), out_dtype)
   scale = jnp.asarray(1 + 0.1 * rng.normal(size=shape[-1]), jnp.float32)
   bias = jnp.asarray(0.1 * rng.normal(size=shape[-1]), jnp.float32)
   key = jax.random.key(3)
-  layer_norm = nn.LayerNorm(epsilon=1e-6, dtype=dtype)
+  layer_norm = nn.LayerNorm(epsilon=1e-6, dtype=out_dtype)
 
   def xla(x, y, scale, bias):
     if keep < 1.0:
@@ -42,7 +44,7 @@ def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, keep, shap
     return layer_norm.apply({'params': {'scale': scale, 'bias': bias}}, x + y)
 
   kernels = lambda x, y, scale, bias: residual_norm.residual_norm(x, y, scale, bias, dropout_masks.seeds(key), keep,
-                                                                  1e-6)
+                                                                  1e-6, out_dtype)
 
   def output_and_grads(f):
     out, vjp = jax.vjp(f, x, y, scale, bias)
@@ -60,8 +62,9 @@ def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, keep, shap
         got = jax.jit(lambda: output_and_grads(kernels))()
     else:
       got = jax.jit(lambda: output_and_grads(kernels))()
+  assert got[0].dtype == out_dtype and got[1].dtype == got[2].dtype == dtype
   # float32: rounding; bfloat16: a few roundings of 2^-8 apart (the kernel rounds where XLA's fusions do not)
-  tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+  tolerance = 1e-5 if dtype == out_dtype == jnp.float32 else 2e-2
   for name, g, w in zip(('out', 'dx', 'dy', 'dscale', 'dbias'), got, want):
     g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
     assert np.abs(g - w).max() <= tolerance * np.abs(w).max(), name

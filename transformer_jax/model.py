@@ -349,8 +349,10 @@ class Residual(nn.Module):
       y = sublayer(x)  # then one kernel a pass adds, drops and normalises (residual_norm.py)
       scale, bias = NormParams(cfg, name='norm')(x.shape[-1])
       keep = 1.0 if self.deterministic else 1.0 - cfg.dropout
-      return residual_norm.residual_norm(x, y.astype(x.dtype), scale, bias, dropout.seeds(self.deterministic), keep,
-                                         cfg.layer_norm_epsilon)
+      summed = jnp.result_type(x, y)  # the dtype x + dropout(y) has
+      return residual_norm.residual_norm(x.astype(summed), y.astype(summed), scale, bias,
+                                         dropout.seeds(self.deterministic), keep, cfg.layer_norm_epsilon,
+                                         cfg.compute_dtype)
     norm = layer_norm(cfg, 'norm')
     if cfg.norm == 'pre':
       return x + dropout(sublayer(norm(x)), self.deterministic)

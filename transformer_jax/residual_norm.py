@@ -99,15 +99,16 @@ def _scalars(words, batch_index, length: int):
   return jnp.concatenate([words, batch_index[:1] * length])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def residual_norm(x, y, scale, bias, words, keep: float, eps: float):
-  """LayerNorm(x + dropout(y)) · scale + bias over the last axis of x and y [batch, length, d] (`serves`), in
-  their dtype; dropout keeps elements with probability `keep` by `words` (`dropout_masks.seeds` of the dropout
-  key). Each device runs the kernels on its rows."""
-  return _forward(x, y, scale, bias, words, keep, eps)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def residual_norm(x, y, scale, bias, words, keep: float, eps: float, dtype):
+  """LayerNorm(x + dropout(y)) · scale + bias over the last axis of x and y [batch, length, d] (`serves`; one
+  dtype, in which x + dropout(y) is rounded), the output in `dtype` (LayerNorm's); dropout keeps elements with
+  probability `keep` by `words` (`dropout_masks.seeds` of the dropout key). Each device runs the kernels on its
+  rows."""
+  return _forward(x, y, scale, bias, words, keep, eps, dtype)[0]
 
 
-def _forward(x, y, scale, bias, words, keep, eps):
+def _forward(x, y, scale, bias, words, keep, eps, dtype):
   batch, length, d = x.shape
 
   def local(x, y, scale, bias, words, batch_index):
@@ -120,7 +121,7 @@ def _forward(x, y, scale, bias, words, keep, eps):
         functools.partial(_forward_kernel, keep=keep, eps=eps), grid=(rows // block,),
         in_specs=[pl.BlockSpec((3,), lambda i: (0,)), row_block, row_block, vector, vector],
         out_specs=[row_block, row_block, row_stats, row_stats],
-        out_shape=[jax.ShapeDtypeStruct((rows, d), x.dtype)] * 2 + [stats] * 2,
+        out_shape=[jax.ShapeDtypeStruct((rows, d), dtype), jax.ShapeDtypeStruct((rows, d), x.dtype), stats, stats],
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=flash_attention.interpreting(),
         name='residual_norm_fwd')(_scalars(words, batch_index, length), x.reshape(rows, d), y.reshape(rows, d),
                                   scale.astype(jnp.float32), bias.astype(jnp.float32))
@@ -131,12 +132,12 @@ def _forward(x, y, scale, bias, words, keep, eps):
   return out, (z, mean, rstd, scale, bias, words)
 
 
-def _residual_norm_fwd(x, y, scale, bias, words, keep, eps):
-  return _forward(x, y, scale, bias, words, keep, eps)
+def _residual_norm_fwd(x, y, scale, bias, words, keep, eps, dtype):
+  return _forward(x, y, scale, bias, words, keep, eps, dtype)
 
 
-def _residual_norm_bwd(keep, eps, residuals, dout):
-  del eps
+def _residual_norm_bwd(keep, eps, dtype, residuals, dout):
+  del eps, dtype
   z, mean, rstd, scale, bias, words = residuals
   length, d = z.shape[1:]
 
