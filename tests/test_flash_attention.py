@@ -260,14 +260,14 @@ def test_model_with_kernels_matches_reference_on_packed_rows(monkeypatch, implem
   config = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
                        num_decoder_layers=1, dropout=0.0, max_len=64, remat='full')
   params = nn.unbox(Transformer(config).init(jax.random.key(0), batch['inputs'], batch['targets'])['params'])
-  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
 
   def logits_and_grads(attention_impl):
     model = Transformer(config.replace(attention=attention_impl))
     loss = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, **batch)))
     return jax.jit(lambda p: (model.apply({'params': p}, **batch), jax.grad(loss)(p)))(params)
 
-  expected = logits_and_grads('reference')
+  expected = logits_and_grads('reference')  # XLA's ops on this CPU
+  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
   with flash_attention.interpret_kernels():
     model = Transformer(config.replace(attention=implementation))
     jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params)

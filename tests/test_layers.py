@@ -23,6 +23,7 @@ LAYERS = {
         'transformer_jax.preemption', 'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),
     5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.flash_attention',
         'transformer_jax.attention_masks', 'transformer_jax.cpu_backend', 'transformer_jax.dropout_masks',
+        'transformer_jax.residual_norm',
         'transformer_jax.metrics',
         'transformer_jax.loss',
         'transformer_jax.data.sources', 'transformer_jax.data.builtin', 'transformer_jax.data.tokenizer',

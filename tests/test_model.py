@@ -194,9 +194,16 @@ def test_fused_projections_equal_separate_ones(monkeypatch):
   cfg = TINY.replace(attention='reference', cpu_kernels='off', attention_bias=True)
   inputs, targets = _tokens(0, (3, 7), [7, 5, 2]), _tokens(1, (3, 9), [9, 4, 6])
   model, params = _init(cfg, inputs, targets)
-  separate = model.apply({'params': params}, inputs, targets)
+  # A new function for each trace: jax caches traces by function, and the platform is read while tracing.
+  apply = lambda: lambda p: model.module.apply({'params': p}, inputs, targets)
+  separate = jax.jit(apply())(params)
   monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
-  np.testing.assert_allclose(model.apply({'params': params}, inputs, targets), separate, rtol=1e-5, atol=1e-6)
+  with flash_attention.interpret_kernels():  # the residual blocks' kernels, which a GPU runs too
+    eqns = list(helpers.equations(jax.make_jaxpr(apply())(params).jaxpr))
+    kernels = [eqn.invars[1].aval.shape for eqn in eqns if eqn.primitive.name == 'dot_general']
+    assert (cfg.d_model, 3, cfg.num_heads, cfg.d_model // cfg.num_heads) in kernels  # q, k and v: one product
+    fused = jax.jit(apply())(params)
+  np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-6)
 
 
 def test_every_parameter_has_logical_axis_names():
