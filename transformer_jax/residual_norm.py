@@ -109,7 +109,7 @@ def residual_norm(x, y, scale, bias, words, keep: float, eps: float, dtype):
 
 
 def _forward(x, y, scale, bias, words, keep, eps, dtype):
-  batch, length, d = x.shape
+  length, d = x.shape[1:]
 
   def local(x, y, scale, bias, words, batch_index):
     rows = x.shape[0] * length
