@@ -86,8 +86,8 @@ def dropout_row_keys(seeds: jax.Array, batch_index: jax.Array, head_index: jax.A
 
 def dropout_keep(row_key, seed, q_pos, k_pos, keep_prob: float) -> jax.Array:
   """True where attention dropout keeps the weight of query `q_pos` on key `k_pos` (positions below
-  MAX_DROPOUT_LENGTH), for the (batch row, head) of `row_key`; `seed` is the second of `dropout_masks.seeds`. Kept with
-  probability keep_prob to within 2^-24."""
+  MAX_DROPOUT_LENGTH), for the (batch row, head) of `row_key`; `seed` is the second of `dropout_masks.seeds`.
+  Kept with probability keep_prob to within 2^-24."""
   x = dropout_masks.mix(row_key + ((q_pos.astype(jnp.int32) << 16) | k_pos.astype(jnp.int32)))
   x = dropout_masks.mix(x ^ seed)
   return dropout_masks.below(x, keep_prob)

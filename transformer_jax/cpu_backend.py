@@ -93,8 +93,6 @@ def remat_policy(policy):
       policy, jax.checkpoint_policies.save_only_these_names(_CONTRACTION))
 
 
-# --------------------------------------------------------------------------------------- dropout masks
-
 # --------------------------------------------------------------------------------------- host memory
 
 # mallopt parameters, from glibc's <malloc.h>.
