@@ -8,7 +8,6 @@ import contextvars
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -17,6 +16,7 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
+from transformer_jax import sharding
 
 # The segment id of padding. For jax's splash kernel, queries and keys alike: padding queries then attend to
 # padding keys, and their outputs are zeroed (`attention_masks.any_key`) like every query's that may attend to
@@ -70,18 +70,6 @@ def _pad_to(x, axis: int, size: int, value=0):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def mesh_axes(mesh, logical: str, size: int):
-  """The mesh axes the logical-axis rules shard `logical` over, if they divide `size`; else None (replicated)."""
-  axes = nn.logical_to_mesh_axes((logical,))[0]
-  if axes is None:
-    return None
-  names = axes if isinstance(axes, tuple) else (axes,)
-  names = tuple(name for name in names if name in mesh.shape)
-  if not names or size % math.prod(mesh.shape[name] for name in names):
-    return None
-  return names
-
-
 def _padded_segment_ids(spec, q_size: int, k_size: int, key_pad_id: int = _PAD_ID):
   """Query and key segment ids apart (the TPU kernels', our GPU ones'), padding an id of its own, padded to q_size
   and k_size. A `key_pad_id` other than the queries' leaves padding queries no key (for kernels that zero such
@@ -101,18 +89,18 @@ def _scaled(q, d_k: int):
 
 
 def _per_device(kernel, arrays, q_ids, kv_ids, *dropout):
-  """kernel(*arrays, q_ids, kv_ids, *dropout) on each device's block of batch × heads of the context mesh (if any);
+  """kernel(*arrays, q_ids, kv_ids, *dropout) on each device's block of batch × heads (`sharding.per_device`);
   `arrays`: q, k and v as the kernel takes them, each [b, len, h, d] or a stack [b, len, n, h, d] (`_places`);
   `dropout`: the batch rows' and heads' indices, [batch] and [heads], and attention dropout's seeds [2]."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return kernel(*arrays, q_ids, kv_ids, *dropout)
-  batch, heads = mesh_axes(mesh, 'batch', q_ids.shape[0]), mesh_axes(mesh, 'heads', arrays[0].shape[-2])
-  spec = lambda x: P(batch, None, *[None] * (x.ndim - 4), heads, None)
-  ids = P(batch, None)
-  dropout_specs = (P(batch), P(heads), P()) if dropout else ()
-  return jax.shard_map(kernel, mesh=mesh, in_specs=(*map(spec, arrays), ids, ids, *dropout_specs),
-                       out_specs=P(batch, None, heads, None), check_vma=False)(*arrays, q_ids, kv_ids, *dropout)
+
+  def specs(mesh):
+    batch = sharding.mesh_axes(mesh, 'batch', q_ids.shape[0])
+    heads = sharding.mesh_axes(mesh, 'heads', arrays[0].shape[-2])
+    heads_of = lambda x: P(batch, None, *[None] * (x.ndim - 4), heads, None)
+    dropout_specs = (P(batch), P(heads), P()) if dropout else ()
+    return (*map(heads_of, arrays), P(batch, None), P(batch, None), *dropout_specs), P(batch, None, heads, None)
+
+  return sharding.per_device(kernel, *arrays, q_ids, kv_ids, *dropout, specs=specs)
 
 
 def _dropout_per_device(attend, arrays, q_ids, kv_ids, seeds):

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_jax import dropout_masks
 from transformer_jax import flash_attention
+from transformer_jax import sharding
 
 _FORWARD_ROWS, _BACKWARD_ROWS = 16, 32  # rows a program at most: the backward's scale and bias gradients are one
 # row of partial sums a program
@@ -81,18 +82,16 @@ def _backward_kernel(scalars_ref, dout_ref, z_ref, mean_ref, rstd_ref, scale_ref
 
 
 def _per_device(local, x, *args, batched: int, outputs: int):
-  """local(*arrays, batch_index) on each device's rows of the context mesh's batch axes (if any): the first
-  `batched` of `args` and x have the batch first, the rest are replicated; its `outputs` results have the batch
-  first (the scale and bias gradients' partial sums: their blocks). batch_index [batch]: the rows' indices."""
-  batch_index = jnp.arange(x.shape[0], dtype=jnp.int32)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return local(x, *args, batch_index)
-  axes = flash_attention.mesh_axes(mesh, 'batch', x.shape[0])
-  rows = lambda a: P(axes, *[None] * (a.ndim - 1))
-  specs = (rows(x), *[rows(a) if i < batched else P() for i, a in enumerate(args)], P(axes))
-  return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(axes),) * outputs, check_vma=False)(
-      x, *args, batch_index)
+  """local(*arrays, batch_index) on each device's rows of the batch (`sharding.per_device`): the first `batched`
+  of `args` and x have the batch first, the rest are replicated; its `outputs` results have the batch first (the
+  scale and bias gradients' partial sums: their blocks). batch_index [batch]: the rows' indices."""
+
+  def specs(mesh):
+    axes = sharding.mesh_axes(mesh, 'batch', x.shape[0])
+    rows = lambda a: P(axes, *[None] * (a.ndim - 1))
+    return (rows(x), *[rows(a) if i < batched else P() for i, a in enumerate(args)], P(axes)), (P(axes),) * outputs
+
+  return sharding.per_device(local, x, *args, jnp.arange(x.shape[0], dtype=jnp.int32), specs=specs)
 
 
 def _scalars(words, batch_index, length: int):

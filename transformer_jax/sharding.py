@@ -5,6 +5,7 @@ them to the mesh axes `data`, `fsdp` and `tensor`, so changing the parallelism i
 """
 
 import contextlib
+import math
 
 import flax.linen as nn
 import jax
@@ -38,6 +39,28 @@ def target_platform() -> str:
   a program compiled on a CPU host for a TPU makes the TPU's choices; the default backend's outside a mesh."""
   device = jax.sharding.get_abstract_mesh().abstract_device
   return device.platform if device is not None else jax.default_backend()
+
+
+def mesh_axes(mesh, logical: str, size: int):
+  """The mesh axes the logical-axis rules shard `logical` over, if they divide `size`; else None (replicated)."""
+  axes = nn.logical_to_mesh_axes((logical,))[0]
+  if axes is None:
+    return None
+  names = axes if isinstance(axes, tuple) else (axes,)
+  names = tuple(name for name in names if name in mesh.shape)
+  if not names or size % math.prod(mesh.shape[name] for name in names):
+    return None
+  return names
+
+
+def per_device(fn, *args, specs):
+  """fn(*args) on each device's block of the context mesh (`jax.shard_map`), or fn(*args) itself outside one: for
+  Pallas kernels, which see one device's arrays. specs(mesh): the PartitionSpecs of args and of the results."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return fn(*args)
+  in_specs, out_specs = specs(mesh)
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
 
 
 def mesh_platform(mesh: Mesh) -> str:
