@@ -235,8 +235,12 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   # their gradients whole: no q, k or v gradients joined (add_any), which the program had while they took slices.
   calls = [line for line in text.splitlines() if 'custom-call(' in line and '/attention_gpu_' in line]
   assert len(calls) == 3 * 3 and all(re.search(r'bf16\[\d+(,\d+){4}\]', line) for line in calls)
-  projections = {op.op_name.rsplit('/', 1)[1] for op in hlo_costs.op_costs(text) if '._project/' in op.op_name}
+  ops = hlo_costs.op_costs(text)
+  projections = {op.op_name.rsplit('/', 1)[1] for op in ops if '._project/' in op.op_name}
   assert 'dot_general' in projections and 'add_any' not in projections
+  # The backward's delta = rowsum(o ⊙ do) comes from the dq kernel's own tiles: no reduction around the kernels
+  assert not [op for op in ops if hlo_costs.part_of(op) == 'attention: softmax' and op.opcode in ('fusion', 'reduce')
+              and op.op_name.endswith('reduce_sum')]
   assert 'custom_call_target="__cublas$lt$matmul"' in text and 'gemm_fusion' not in text  # xla_options
   # Without ReLU dropout the FFN's ReLU is the one user of its first product (`model.relu_dropout`), so cuBLAS
   # adds the bias and takes the ReLU as it writes the product.

@@ -118,28 +118,32 @@ def test_flash_gpus_triton_kernels_count_their_products_by_op_name():
 
 # flash_gpu's backward kernels on a stack of self-attention's keys, values and queries [2, 16, 3, 4, 8] (bf16,
 # 1,024 elements a slot): passed once per slot, dq's kernel writing the queries' slot of the stack's gradient and
-# dkv's the other two into the same array (its operand 9, which it does not read).
+# each query's delta = rowsum(o ⊙ do), dkv's kernel the other two slots into the same array (its operand 9, which
+# it does not read).
 _STACKED_KERNELS = """HloModule s, is_scheduled=true
 
-ENTRY %main (s.1: s32[4], kvq.1: bf16[2,16,3,4,8], qi.1: s32[2,16], ki.1: s32[2,16], lse.1: f32[2,4,16], delta.1: f32[2,4,16], do.1: bf16[2,16,4,8]) -> bf16[2,16,3,4,8] {
+ENTRY %main (s.1: s32[4], kvq.1: bf16[2,16,3,4,8], qi.1: s32[2,16], ki.1: s32[2,16], lse.1: f32[2,4,16], o.1: bf16[2,16,4,8], do.1: bf16[2,16,4,8]) -> bf16[2,16,3,4,8] {
   %s.1 = s32[4]{0} parameter(0)
   %kvq.1 = bf16[2,16,3,4,8]{4,3,2,1,0} parameter(1)
   %qi.1 = s32[2,16]{1,0} parameter(2)
   %ki.1 = s32[2,16]{1,0} parameter(3)
   %lse.1 = f32[2,4,16]{2,1,0} parameter(4)
-  %delta.1 = f32[2,4,16]{2,1,0} parameter(5)
+  %o.1 = bf16[2,16,4,8]{3,2,1,0} parameter(5)
   %do.1 = bf16[2,16,4,8]{3,2,1,0} parameter(6)
-  %dq.1 = bf16[2,16,3,4,8]{4,3,2,1,0} custom-call(%s.1, %kvq.1, %kvq.1, %kvq.1, %qi.1, %ki.1, %lse.1, %delta.1, %do.1), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/transpose(jvp(T))/encoder/layer_0/self_attention/attention_gpu_dq/pallas_call"}
-  ROOT %dkv.1 = bf16[2,16,3,4,8]{4,3,2,1,0} custom-call(%s.1, %kvq.1, %kvq.1, %kvq.1, %qi.1, %ki.1, %lse.1, %delta.1, %do.1, %dq.1), custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (9, {})}, metadata={op_name="jit(f)/transpose(jvp(T))/encoder/layer_0/self_attention/attention_gpu_dkv/pallas_call"}
+  %dq.1 = (bf16[2,16,3,4,8]{4,3,2,1,0}, f32[2,4,16]{2,1,0}) custom-call(%s.1, %kvq.1, %kvq.1, %kvq.1, %qi.1, %ki.1, %lse.1, %o.1, %do.1), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/transpose(jvp(T))/encoder/layer_0/self_attention/attention_gpu_dq/pallas_call"}
+  %stack.1 = bf16[2,16,3,4,8]{4,3,2,1,0} get-tuple-element(%dq.1), index=0
+  %delta.1 = f32[2,4,16]{2,1,0} get-tuple-element(%dq.1), index=1
+  ROOT %dkv.1 = bf16[2,16,3,4,8]{4,3,2,1,0} custom-call(%s.1, %kvq.1, %kvq.1, %kvq.1, %qi.1, %ki.1, %lse.1, %delta.1, %do.1, %stack.1), custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (9, {})}, metadata={op_name="jit(f)/transpose(jvp(T))/encoder/layer_0/self_attention/attention_gpu_dkv/pallas_call"}
 }
 """
 
 
 def test_flash_gpus_kernels_on_a_stack_count_what_they_read_and_write():
-  dq, dkv = hlo_costs.op_costs(_STACKED_KERNELS)
-  slot = 2 * 16 * 4 * 8 * 2
-  read = 4 * 4 + 3 * slot + 2 * (2 * 16 * 4) + 2 * (2 * 4 * 16 * 4) + slot  # the stack once; ids, lse, delta, do
-  assert (dq.bytes, dkv.bytes) == (read + slot, read + 2 * slot)
+  dq, dkv = (op for op in hlo_costs.op_costs(_STACKED_KERNELS) if op.opcode == 'custom-call')
+  slot, rows = 2 * 16 * 4 * 8 * 2, 2 * 4 * 16 * 4  # bytes of a slot (and of o, do); of lse (and of delta)
+  read = 4 * 4 + 3 * slot + 2 * (2 * 16 * 4) + rows  # the scalars, the stack once, ids, lse
+  assert dq.bytes == read + 2 * slot + slot + rows  # o and do; the queries' slot and delta
+  assert dkv.bytes == read + rows + slot + 2 * slot  # delta and do; the keys' and values' slots
   block = 2 * (2 * 4 * 16 * 16 * 8)  # q and k from the stack: batch 2, 16 positions, 4 heads of 8
   assert (dq.flops, dkv.flops) == (3 * block, 4 * block)
 

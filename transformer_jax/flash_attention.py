@@ -470,12 +470,15 @@ def _gpu_weights(hash_keys, q, k, v, do, q_ids, k_ids, lse, delta, q_start, k_st
   return _kept(kept, p * (1.0 / keep)), p * (dp - delta[:, None])
 
 
-def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, delta_ref, do_ref, dq_ref, *,
-                   keep: float, causal: bool, scale: float, block_k: int):
-  """dq for one block of queries, summed over key blocks."""
+def _gpu_dq_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_ref, o_ref, do_ref, dq_ref, delta_ref,
+                   *, keep: float, causal: bool, scale: float, block_k: int):
+  """dq for one block of queries, summed over key blocks; and its rows' delta = rowsum(o ⊙ do), for the dkv kernel
+  (from the tiles of o and do it reads, so no pass over them is left outside the kernels)."""
   block_q = q_ref.shape[0]
   q_start = pl.program_id(0) * block_q
-  q, do, q_ids, lse, delta = q_ref[...], do_ref[...], q_ids_ref[...], lse_ref[...], delta_ref[...]
+  q, do, q_ids, lse = q_ref[...], do_ref[...], q_ids_ref[...], lse_ref[...]
+  delta = jnp.sum(o_ref[...].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
+  delta_ref[...] = delta
   hash_keys = _hash_keys(scalars_ref, 1)
 
   def body(i, dq):
@@ -583,17 +586,17 @@ def _gpu_attention(*args, keep: float, causal: bool, scale: float):
 
   def backward(*args):
     arrays, (q_ids, k_ids, scalars, o, lse), do = args[:-6], args[-6:-1], args[-1]
-    delta = jnp.swapaxes(jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1), 1, 2)  # [b, h, q]
-    operands = (scalars, *picked(arrays), q_ids, k_ids, lse, delta, do)
-    dq = pl.pallas_call(
+    dq, delta = pl.pallas_call(
         functools.partial(_gpu_dq_kernel, block_k=back[1], **options), grid=(q_len // back[0], batch, heads),
         in_specs=[seeds, q_tile(back[0]), k_whole, v_whole, ids_tile(back[0]), ids_whole(k_len),
-                  rows_tile(back[0]), rows_tile(back[0]), o_tile(back[0])],
-        out_specs=q_tile(back[0]), out_shape=jax.ShapeDtypeStruct(q_array.shape, q_array.dtype),
-        compiler_params=params,
+                  rows_tile(back[0]), o_tile(back[0]), o_tile(back[0])],
+        out_specs=[q_tile(back[0]), rows_tile(back[0])],
+        out_shape=[jax.ShapeDtypeStruct(q_array.shape, q_array.dtype), stats], compiler_params=params,
         cost_estimate=pl.CostEstimate(flops=2 * back_weights * (2 * d_k + d_v), transcendentals=back_weights,
-                                      bytes_accessed=item * (2 * q_size + k_size + v_size + o_size)),
-        interpret=interpret, name='attention_gpu_dq')(*operands)
+                                      bytes_accessed=item * (2 * q_size + k_size + v_size + 2 * o_size)
+                                      + 4 * 2 * stats.size),
+        interpret=interpret, name='attention_gpu_dq')(scalars, *picked(arrays), q_ids, k_ids, lse, o, do)
+    operands = (scalars, *picked(arrays), q_ids, k_ids, lse, delta, do)
     dkv_in_specs = [seeds, q_whole, k_tile(back[1]), v_tile(back[1]), ids_whole(q_len), ids_tile(back[1]),
                     rows_whole(q_len), rows_whole(q_len), o_whole]
     if k_slot is None:

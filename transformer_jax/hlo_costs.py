@@ -214,11 +214,10 @@ def _gpu_kernel_traffic(instruction: Instruction, types: dict[str, str]) -> tupl
   skip = int(aliased[1]) if aliased else -1
   operands = dict.fromkeys(o for j, o in enumerate(instruction.operands) if j != skip)
   read, hbm_read = _traffic([types.get(o, '') for o in operands])
-  written, hbm_written = _traffic([instruction.type])
-  result = _arrays(instruction.type)
-  if len(result) == 1 and len(result[0][1]) == 5:
-    share = GPU_KERNEL_SLOTS_WRITTEN[_gpu_kernel(instruction.op_name)] / result[0][1][2]
-    written, hbm_written = written * share, hbm_written * share
+  written = hbm_written = 0.0
+  for (_, dims), (size, in_hbm) in zip(_arrays(instruction.type), _sizes(instruction.type)):
+    share = GPU_KERNEL_SLOTS_WRITTEN[_gpu_kernel(instruction.op_name)] / dims[2] if len(dims) == 5 else 1.0
+    written, hbm_written = written + size * share, hbm_written + size * share * in_hbm
   return read, hbm_read, written, hbm_written
 
 
