@@ -176,3 +176,28 @@ def test_batch_must_divide_over_the_data_axes():
   sharding.check_batch_divisible(8, mesh, 'pipeline.batch_size')
   with pytest.raises(ValueError, match=r'pipeline.batch_size: a global batch of 6 rows .* 4 data-parallel'):
     sharding.check_batch_divisible(6, mesh, 'pipeline.batch_size')
+
+
+def test_per_device_runs_a_function_on_each_devices_block_of_the_mesh():
+  """Outside a mesh the function sees the whole arrays; under one, each device's block as the specs split them,
+  with the logical rules deciding which mesh axes shard a logical axis (here 'batch' over data × fsdp)."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+
+  def local(x, w):
+    return x * w + x.shape[0]  # the rows this call sees, in every row of its block
+
+  def specs(mesh):
+    rows = sharding.mesh_axes(mesh, 'batch', x.shape[0])
+    return (P(rows, None), P()), P(rows, None)
+
+  w = np.float32(2.0)
+  np.testing.assert_array_equal(sharding.per_device(local, x, w, specs=specs), x * 2 + 8)
+  mesh_config = config_lib.load('configs/default.py').mesh
+  mesh_config.shape = {'data': 2, 'fsdp': 2, 'tensor': 2}
+  mesh, rules = sharding.mesh_and_rules(mesh_config, jax.devices()[:8])
+  with sharding.activate(mesh, rules):
+    assert sharding.mesh_axes(mesh, 'batch', 8) == ('data', 'fsdp')
+    assert sharding.mesh_axes(mesh, 'batch', 6) is None  # 6 rows do not split over 4 devices: replicated
+    out = jax.jit(lambda x: sharding.per_device(local, x, w, specs=specs))(x)
+  np.testing.assert_array_equal(out, x * 2 + 2)  # 8 rows over data × fsdp: 2 a device

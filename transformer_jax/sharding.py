@@ -1,4 +1,5 @@
-"""Device mesh from config, logical-axis rules, and helpers that place states and batches on the mesh.
+"""Device mesh from config, logical-axis rules, helpers that place states and batches on the mesh, and one that runs a
+kernel on each device's block of it (`per_device`).
 
 The model names its axes (`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`, `layers`); the config's rules map
 them to the mesh axes `data`, `fsdp` and `tensor`, so changing the parallelism is a config change.
