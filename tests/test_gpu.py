@@ -2,8 +2,8 @@
 `JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_gpu.py`.
 
 The cuDNN fused attention path of `dot_product` (bf16, right-padded rows) and our Triton kernels (`flash_gpu`,
-bf16 at any head dim, with attention dropout, on a stack of projections; `residual_norm`) agree with the reference
-implementation, and a bf16 training step (float32 params and optimizer state) follows the float32 one.
+bf16 at any head dim, with attention dropout, on a stack of projections; `residual_norm`; `loss_kernel`) agree with
+the reference implementation, and a bf16 training step (float32 params and optimizer state) follows the float32 one.
 """
 
 import flax.linen as nn
@@ -16,6 +16,7 @@ import helpers
 from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import dropout_masks
+from transformer_jax import loss
 from transformer_jax import residual_norm
 from transformer_jax import sharding
 from transformer_jax import steps
@@ -149,6 +150,32 @@ def test_residual_norm_kernels_compiled_by_triton_agree_with_xla():
   assert 'residual_norm_fwd' in jax.jit(lambda: run(kernels)).lower().compile().as_text()
   got, want = jax.jit(lambda: run(kernels))(), jax.jit(lambda: run(xla))()
   for name, g, w in zip(('out', 'dx', 'dy', 'dscale', 'dbias'), got, want):
+    np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=name)
+
+
+def test_loss_kernel_compiled_by_triton_agrees_with_xlas_loss():
+  """The loss's kernel (`loss_kernel`), compiled by Triton at the paper's vocabulary (37,000, which its steps do not
+  tile): the training loss's sums and gradients as XLA's path computes them (taken here with a zero logits bias,
+  which the kernel does not serve)."""
+  rng = np.random.default_rng(7)
+  hidden = jnp.asarray(rng.normal(size=(4, 50, 512)), jnp.float32)
+  weights = jnp.asarray(0.05 * rng.normal(size=(37000, 512)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 37000, (4, 50)), jnp.int32).at[0, -5:].set(0)
+
+  def run(bias):
+    def train(h, w):
+      sums = loss.token_sums(h, w, bias, targets, 0.1, 32)
+      return sums['loss'], sums
+
+    step = jax.jit(jax.grad(train, argnums=(0, 1), has_aux=True))
+    kernel = 'loss_softmax_gradient' in step.lower(hidden, weights).compile().as_text()
+    return kernel, step(hidden, weights)
+
+  (kernel, ((dh, dw), sums)), (xla, ((want_dh, want_dw), want)) = run(None), run(jnp.zeros((37000,), jnp.float32))
+  assert kernel and not xla
+  for key in ('loss', 'nll', 'correct'):
+    np.testing.assert_allclose(sums[key], want[key], rtol=1e-5, err_msg=key)
+  for name, g, w in (('d hidden', dh, want_dh), ('d weights', dw, want_dw)):
     np.testing.assert_allclose(g, w, atol=1e-5 * float(jnp.max(jnp.abs(w))), err_msg=name)
 
 

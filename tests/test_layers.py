@@ -25,7 +25,7 @@ LAYERS = {
         'transformer_jax.attention_masks', 'transformer_jax.cpu_backend', 'transformer_jax.dropout_masks',
         'transformer_jax.residual_norm',
         'transformer_jax.metrics',
-        'transformer_jax.loss',
+        'transformer_jax.loss', 'transformer_jax.loss_kernel',
         'transformer_jax.data.sources', 'transformer_jax.data.builtin', 'transformer_jax.data.tokenizer',
         'transformer_jax.data.pipeline', 'transformer_jax.data.device_feed', 'transformer_jax.text_input'),
     6: ('transformer_jax', 'transformer_jax.data', 'transformer_jax.config', 'transformer_jax.model_config',

@@ -16,6 +16,7 @@ import pytest
 
 import helpers
 from transformer_jax import aot
+from transformer_jax import flash_attention
 from transformer_jax import loss
 from transformer_jax import sharding
 from transformer_jax.model import Transformer
@@ -67,7 +68,8 @@ def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_leng
                                           smoothing)
   grad = lambda fn: jax.jit(jax.grad(functools.partial(objective, fn), argnums=(0, 1, 2), has_aux=True))(
       hidden, weights, bias)
-  ours_grads, ours = grad(chunked)
+  with flash_attention.interpret_kernels():  # a GPU's loss kernel (`loss_kernel`), without a bias
+    ours_grads, ours = grad(chunked)
   ref_grads, ref = grad(whole)
   np.testing.assert_allclose(ours, ref, rtol=RTOL)
   for a, b in zip(ours_grads, ref_grads):
@@ -93,6 +95,23 @@ def test_on_a_gpu_the_forward_pass_reads_the_logits_in_one_reduction_alone(with_
   assert [eqn.primitive.name for eqn in eqns if eqn.primitive.name.startswith('reduce') and over_logits(eqn)] == [
       'reduce']
   assert not [eqn for eqn in eqns if eqn.primitive.name == 'gather' and over_logits(eqn)]
+
+
+@pytest.mark.parametrize('with_bias', [False, True])
+def test_on_a_gpu_the_gradient_pass_reads_the_logits_in_one_kernel_alone(with_bias):
+  # Differentiated, the maximum, log-sum-exp and gradient come from `loss_kernel`, which overwrites the logits with
+  # the gradient: no reduction of XLA's reads them. With a logits bias, XLA's reduction and gradient pass instead.
+  hidden, weights, targets = _inputs()
+  bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
+  train = jax.grad(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss'], argnums=(0, 1))
+  with jax.set_mesh(helpers.data_mesh(aot.topology_devices('h100-1'))):
+    jaxpr = jax.jit(train).trace(hidden, weights).jaxpr
+  vocab = weights.shape[0]
+  over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab
+  eqns = list(helpers.equations(jaxpr.jaxpr))
+  kernels = [eqn for eqn in eqns if eqn.primitive.name == 'pallas_call']
+  reductions = [eqn for eqn in eqns if eqn.primitive.name.startswith('reduce') and over_logits(eqn)]
+  assert (len(kernels), len(reductions) > 0) == ((0, True) if with_bias else (1, False))
 
 
 def test_the_one_pass_log_sum_exp_is_the_two_pass_one():

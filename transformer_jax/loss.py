@@ -6,6 +6,7 @@ come from a compute-dtype matmul (float32 accumulation) and are reduced in float
 sums; when differentiated, the same pass also forms the chunk's gradient (softmax − smoothed target) and contracts
 it with the states and the weights at once, so the backward pass only scales those products by the incoming
 cotangents and no chunk is recomputed. The chunks are unrolled, so XLA's cost analysis counts every one of them.
+On a GPU a chunk's maximum, log-sum-exp and gradient come from one kernel (`loss_kernel`) where it serves.
 """
 
 import functools
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import cpu_backend
+from transformer_jax import loss_kernel
 from transformer_jax import sharding
 
 
@@ -47,12 +49,14 @@ def _top_and_lse(logits, one_pass: bool):
   return top, top + jnp.log(total)
 
 
-def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gold_logit=None, one_pass=False):
+def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gold_logit=None, one_pass=False,
+               top_and_lse=None):
   """((smoothed loss, nll, gold logit is a maximum), log-sum-exp) per token from logits [..., vocab] of any float
   dtype plus a float32 `bias` [vocab] (or none), reduced in float32 (the gold logit is gathered before the cast:
   no float32 copy of them is needed). `logit_sum` (bias included) and `gold_logit` (bias excluded, in the logits'
   dtype): each token's sum of logits and its gold logit, where the caller has them without a pass over the logits.
-  `one_pass`: the maximum and log-sum-exp from one reduction (`_top_and_lse`).
+  `one_pass`: the maximum and log-sum-exp from one reduction (`_top_and_lse`); `top_and_lse`: both, where the
+  caller has them.
 
   The smoothed target puts (1-ε) on the gold token and ε/(V-1) on every other (§5.4). Its constant entropy is
   subtracted from the loss, so a perfect model scores 0 as with ε=0; the NLL is the plain cross-entropy.
@@ -64,7 +68,7 @@ def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gol
   logits = logits.astype(jnp.float32)
   if bias is not None:
     gold_logit, logits = gold_logit + bias[targets], logits + bias
-  top, lse = _top_and_lse(logits, one_pass)
+  top, lse = _top_and_lse(logits, one_pass) if top_and_lse is None else top_and_lse
   nll = lse - gold_logit
   correct = (gold_logit >= top).astype(jnp.float32)  # = argmax == target, up to exact ties
   if smoothing == 0.0:
@@ -115,15 +119,21 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
       # bench/RESULTS.md)
       gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
                               weights[chunk_targets].astype(jnp.float32)).astype(logits.dtype)
-    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum, gold_logit, one_pass=gpu)
+    kernel = with_gradients and gpu and loss_kernel.serves(logits, bias)
+    stats = None
+    if kernel:  # the maximum, log-sum-exp and gradient from one kernel, the gradient over the logits' buffer
+      *stats, grad = loss_kernel.softmax_gradient(logits, chunk_targets, gold, other)
+    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum, gold_logit, one_pass=gpu,
+                                top_and_lse=stats)
     sums = [total + jnp.sum(value * mask) for total, value in zip(sums, per_token)]
     if with_gradients:
-      is_gold = jnp.arange(vocab) == chunk_targets[..., None]
-      shifted = logits.astype(jnp.float32) - lse[..., None]
-      probs = jnp.exp(shifted if bias is None else shifted + bias)
-      grad = mask[..., None] * (probs - jnp.where(is_gold, gold, other))
-      if bias is not None:
-        d_bias += jnp.sum(grad, axis=(0, 1))
+      if not kernel:
+        is_gold = jnp.arange(vocab) == chunk_targets[..., None]
+        shifted = logits.astype(jnp.float32) - lse[..., None]
+        probs = jnp.exp(shifted if bias is None else shifted + bias)
+        grad = mask[..., None] * (probs - jnp.where(is_gold, gold, other))
+        if bias is not None:
+          d_bias += jnp.sum(grad, axis=(0, 1))
       grad = grad.astype(hidden.dtype)
       g_t += cpu_backend.einsum_f32('bcd,bcv->dv', chunk, grad)
       dy.append(cpu_backend.einsum_f32('bcv,vd->bcd', grad, weights))
