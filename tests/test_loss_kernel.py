@@ -78,6 +78,9 @@ def test_the_kernel_serves_whole_rows_without_a_bias_only():
   assert loss_kernel.serves(logits, None)
   assert not loss_kernel.serves(logits, jnp.zeros((300,), jnp.float32))  # a logits bias: XLA's path
   assert not loss_kernel.serves(jnp.zeros((4, 6, 15), jnp.float32), None)  # under Triton's smallest block
+  huge = jax.ShapeDtypeStruct((2**16, 1, 2**15), jnp.bfloat16)  # 2³¹ logits: past the kernel's 32-bit offsets
+  assert not loss_kernel.serves(huge, None)
+  assert loss_kernel.serves(jax.ShapeDtypeStruct((2**16 - 1, 1, 2**15), jnp.bfloat16), None)
   split = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   with jax.set_mesh(split), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
     assert not loss_kernel.serves(logits, None)  # the vocabulary split over the tensor axis

@@ -27,20 +27,24 @@ _LOWEST = np.float32(np.finfo(np.float32).min)  # the running maximum's start (n
 
 def serves(logits, bias) -> bool:
   """Whether the kernel takes logits [batch, length, vocab]: no bias, a vocabulary of at least 16 (Triton's
-  smallest block), and on a mesh neither length nor vocabulary split over devices (a row's sums need all of it)."""
+  smallest block), on a mesh neither length nor vocabulary split over devices (a row's sums need all of it), and
+  fewer than 2³¹ logits a device (the kernel's offsets are 32-bit)."""
   if bias is not None or logits.shape[-1] < 16:
     return False
   mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return logits.size < 2**31
   devices = lambda axis, size: math.prod(mesh.shape[name] for name in sharding.mesh_axes(mesh, axis, size) or ())
-  return mesh.empty or devices('length', logits.shape[1]) == devices('vocab', logits.shape[2]) == 1
+  return (devices('length', logits.shape[1]) == devices('vocab', logits.shape[2]) == 1
+          and logits.size // devices('batch', logits.shape[0]) < 2**31)
 
 
 def _kernel(targets_ref, logits_ref, top_ref, lse_ref, grad_ref, *, gold: float, other: float, columns: int):
-  """A block of rows (one, as called): their maximum and log-sum-exp over the vocabulary, then (target > 0) · (softmax − smoothed
-  target) into grad_ref, which holds the same buffer as logits_ref (so the gradient's sweep reads it through
-  grad_ref: one pointer, whose reads and writes keep their order). Steps of `columns` entries; the last step starts
-  at vocab − columns (it overlaps the one before where they do not tile the vocabulary) and is read before the
-  gradient's other steps overwrite it."""
+  """A block of rows (one, as called): their maximum and log-sum-exp over the vocabulary, then (target > 0) ·
+  (softmax − smoothed target) into grad_ref, which holds the same buffer as logits_ref (so the gradient's sweep
+  reads it through grad_ref: one pointer, whose reads and writes keep their order). Steps of `columns` entries;
+  the last step starts at vocab − columns (it overlaps the one before where they do not tile the vocabulary) and
+  is read before the gradient's other steps overwrite it."""
   rows, vocab = logits_ref.shape
   steps, last = vocab // columns, vocab - columns
   index = jnp.arange(columns, dtype=jnp.int32)[None, :]
@@ -67,7 +71,8 @@ def _kernel(targets_ref, logits_ref, top_ref, lse_ref, grad_ref, *, gold: float,
     return weight * (jnp.exp(x - lse[:, None]) - jnp.where(start + index == targets, gold, other))
 
   def write(i, _):
-    grad_ref[:, pl.ds(i * columns, columns)] = gradient(i * columns, read(grad_ref, i * columns)).astype(grad_ref.dtype)
+    step = pl.ds(i * columns, columns)
+    grad_ref[:, step] = gradient(i * columns, read(grad_ref, i * columns)).astype(grad_ref.dtype)
 
   jax.lax.fori_loop(0, steps, write, None)
   grad_ref[:, pl.ds(last, columns)] = gradient(last, tail).astype(grad_ref.dtype)
