@@ -11,8 +11,9 @@
 #                  the kernels take 5 ms of base's step, bench/RESULTS.md's sixth H100 visit); base at the
 #                  paper's batch with torch's dropout placement (attention and ReLU dropout 0.1: what `auto`
 #                  sends to our Triton kernels) against torch.compile (every dropout mask a hash on a GPU since
-#                  2026-11-27, so jax's key implementation no longer draws them); base without attention dropout
-#                  through cuDNN (`auto`) and through `flash_gpu`; big with torch's dropout placement against
+#                  2026-11-27, so jax's key implementation no longer draws them); the same with a logits bias
+#                  (XLA's loss passes instead of `loss_kernel`: what the kernel is worth); base without attention
+#                  dropout through cuDNN (`auto`) and through `flash_gpu`; big with torch's dropout placement against
 #                  torch.compile; then, in the time left, base's dropout step by model part
 #                  (bench.step_profile; CUDA graphs off so kernels name their ops). Logs and JSON lines under
 #                  $OUT.
@@ -63,6 +64,10 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   timeout 60 python3 -m bench.attention --lengths=128 --batch=196 --dtype=bfloat16 --dropout_rate=0.1 --repeats=15 \
     --implementations=flash_gpu 2>&1 | tee "$out/attention_paper_batch.log"
   throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
+  # The same step with a (zero-initialised) logits bias, which `loss_kernel` does not serve: XLA's two passes over
+  # the logits instead of our kernel, so the two lines' step times say what the kernel is worth (untimed so far)
+  throughput 100 base_dropout_xla_loss --configs=base --impls=ours --rounds=3 --steps=5 \
+    --override="$dropout,logits_bias=True"
   # Without attention dropout, padded rows: cuDNN's kernel (what `auto` takes) against our Triton kernels, which
   # `flash_gpu` runs for every case since the sixth H100 visit (cuDNN was measured against jax's kernel)
   for attention in auto flash_gpu; do

@@ -66,15 +66,15 @@ def model_dims(name: str, args):
 
 
 def parse_overrides(text: str) -> dict:
-  """'attention=dot_product,remat=none' -> ModelConfig changes (ints and floats parsed)."""
+  """'attention=dot_product,logits_bias=True' -> ModelConfig changes (ints, floats and True/False parsed)."""
   out = {}
   for item in filter(None, (x.strip() for x in text.split(','))):
     key, value = item.split('=', 1)
-    for cast in (int, float):
+    for cast in ({'True': True, 'False': False}.__getitem__, int, float):
       try:
         value = cast(value)
         break
-      except ValueError:
+      except (KeyError, ValueError):
         pass
     out[key] = value
   return out

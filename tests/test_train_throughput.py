@@ -43,3 +43,9 @@ def test_steps_are_waited_for_one_by_one_or_once_per_round(pipelined):
   else:
     assert timed == ['dispatch', 'wait'] * 6
     assert len(times['fake']) == len(cpu_times['fake']) == 6
+
+
+def test_overrides_parse_numbers_and_booleans():
+  assert train_throughput.parse_overrides('attention=flash_gpu, d_model=256,relu_dropout=0.1,logits_bias=True') == {
+      'attention': 'flash_gpu', 'd_model': 256, 'relu_dropout': 0.1, 'logits_bias': True}
+  assert train_throughput.parse_overrides('logits_bias=False') == {'logits_bias': False}
