@@ -78,20 +78,25 @@ class Dropout(nn.Module):
   config: ModelConfig
   rate: float
 
+  def keep(self, deterministic: bool) -> float:
+    """The probability this call keeps an element: 1.0 when deterministic or without dropout."""
+    return 1.0 if deterministic else 1.0 - self.rate
+
   def keep_mask(self, shape, deterministic: bool) -> jax.Array | None:
     """Which elements of an input of `shape` this call keeps; None when it keeps them all."""
-    if deterministic or self.rate == 0.0:
+    keep = self.keep(deterministic)
+    if keep == 1.0:
       return None
-    return dropout_masks.keep_mask(self.make_rng('dropout'), 1.0 - self.rate, shape, self.config.cpu_kernels)
+    return dropout_masks.keep_mask(self.make_rng('dropout'), keep, shape, self.config.cpu_kernels)
 
   def __call__(self, x, deterministic: bool):
     mask = self.keep_mask(x.shape, deterministic)
-    return x if mask is None else jax.lax.select(mask, x / (1.0 - self.rate), jnp.zeros_like(x))
+    return x if mask is None else jax.lax.select(mask, x / self.keep(deterministic), jnp.zeros_like(x))
 
   def seeds(self, deterministic: bool) -> jax.Array:
     """The words of `dropout_masks.hashed_keep` (a GPU's masks) for a kernel that draws this call's mask itself:
     the key `keep_mask` would have taken. Zeros when it keeps every element (unread)."""
-    if deterministic or self.rate == 0.0:
+    if self.keep(deterministic) == 1.0:
       return jnp.zeros((2,), jnp.int32)
     return dropout_masks.seeds(self.make_rng('dropout'))
 
@@ -320,7 +325,7 @@ class FeedForward(nn.Module):
     h = dense(cfg, cfg.d_ff, ('embed', 'mlp'), use_bias=True, name='wi')(x)
     dropout = Dropout(cfg, cfg.relu_dropout)
     if cfg.activation == 'relu':
-      h = relu_dropout(h, dropout.keep_mask(h.shape, self.deterministic), 1.0 - cfg.relu_dropout)
+      h = relu_dropout(h, dropout.keep_mask(h.shape, self.deterministic), dropout.keep(self.deterministic))
       h = _constrain(h, ('batch', 'length', 'mlp'))
     else:
       h = _constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp'))
@@ -348,11 +353,10 @@ class Residual(nn.Module):
     if cfg.norm == 'post' and sharding.target_platform() == 'gpu' and residual_norm.serves(x):
       y = sublayer(x)  # then one kernel a pass adds, drops and normalises (residual_norm.py)
       scale, bias = NormParams(cfg, name='norm')(x.shape[-1])
-      keep = 1.0 if self.deterministic else 1.0 - cfg.dropout
       summed = jnp.result_type(x, y)  # the dtype x + dropout(y) has
       return residual_norm.residual_norm(x.astype(summed), y.astype(summed), scale, bias,
-                                         dropout.seeds(self.deterministic), keep, cfg.layer_norm_epsilon,
-                                         cfg.compute_dtype)
+                                         dropout.seeds(self.deterministic), dropout.keep(self.deterministic),
+                                         cfg.layer_norm_epsilon, cfg.compute_dtype)
     norm = layer_norm(cfg, 'norm')
     if cfg.norm == 'pre':
       return x + dropout(sublayer(norm(x)), self.deterministic)
