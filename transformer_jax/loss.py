@@ -27,9 +27,8 @@ def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
   return 1.0 - smoothing, smoothing / (vocab - 1)
 
 
-# (running maximum, sum of exponentials rescaled to it) before any logit: not -inf, whose exp(-inf - -inf) would
-# make NaN where a parallel reduction combines two such starts.
-_LSE_START = (np.float32(np.finfo(np.float32).min), np.float32(0.0))
+# (running maximum, sum of exponentials rescaled to it) before any logit (`loss_kernel.LOWEST`: not -inf)
+_LSE_START = (loss_kernel.LOWEST, np.float32(0.0))
 
 
 def _lse_combine(a, b):

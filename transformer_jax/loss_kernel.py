@@ -22,7 +22,9 @@ from transformer_jax import flash_attention
 from transformer_jax import sharding
 
 _COLUMNS = 4096  # vocabulary entries a step of a sweep at most, 8 a thread of 16 warps
-_LOWEST = np.float32(np.finfo(np.float32).min)  # the running maximum's start (not -inf: exp(-inf - -inf) is NaN)
+# A running maximum's start before any logit, here and in `loss`'s one-pass reduction: not -inf, whose
+# exp(-inf - -inf) would make NaN where two such starts meet.
+LOWEST = np.float32(np.finfo(np.float32).min)
 
 
 def serves(logits, bias) -> bool:
@@ -57,10 +59,10 @@ def _kernel(targets_ref, logits_ref, top_ref, lse_ref, grad_ref, *, gold: float,
     new_top = jnp.maximum(top, jnp.max(x, axis=1))
     return new_top, total * jnp.exp(top - new_top) + jnp.sum(jnp.exp(x - new_top[:, None]), axis=1)
 
-  start = (jnp.full((rows,), _LOWEST), jnp.zeros((rows,), jnp.float32))
+  start = (jnp.full((rows,), LOWEST), jnp.zeros((rows,), jnp.float32))
   top, total = jax.lax.fori_loop(0, steps, lambda i, carry: add(carry, read(logits_ref, i * columns)), start)
   tail = read(grad_ref, last)
-  top, total = add((top, total), jnp.where(last + index >= steps * columns, tail, _LOWEST))
+  top, total = add((top, total), jnp.where(last + index >= steps * columns, tail, LOWEST))
   lse = top + jnp.log(total)
   top_ref[...], lse_ref[...] = top, lse
 
