@@ -54,9 +54,14 @@ def hashed_keep(rng, keep_prob: float, shape) -> jax.Array:
   *leading, last = shape
   if math.prod(leading) >= 1 << 31 or last >= 1 << 31:
     raise ValueError(f'a dropout mask of shape {shape} has more than 2^31 rows or columns; split the batch.')
-  words = seeds(rng)
   rows = _row_major_index(shape, len(leading), jnp.int32)
   columns = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+  return keep_at(seeds(rng), rows, columns, keep_prob)
+
+
+def keep_at(words, rows, columns, keep_prob: float) -> jax.Array:
+  """`hashed_keep`'s decision for the elements at int32 `rows` and `columns` (broadcast together), keyed by the two
+  `seeds` words (an array, or a kernel's ref whose first two entries they are): for kernels that draw it inside."""
   return below(mix(mix(mix(rows ^ words[0]) ^ columns) ^ words[1]), keep_prob)
 
 

@@ -39,8 +39,7 @@ def _kept(scalars_ref, first_row, shape, keep: float):
   the two words of `dropout_masks.seeds`, then the first row of this device's block."""
   rows = (first_row + jnp.arange(shape[0], dtype=jnp.int32))[:, None]  # a column and a row, as Triton builds them
   columns = jnp.arange(shape[1], dtype=jnp.int32)[None, :]
-  mix = dropout_masks.mix
-  return dropout_masks.below(mix(mix(mix(rows ^ scalars_ref[0]) ^ columns) ^ scalars_ref[1]), keep)
+  return dropout_masks.keep_at(scalars_ref, rows, columns, keep)
 
 
 def _forward_kernel(scalars_ref, x_ref, y_ref, scale_ref, bias_ref, out_ref, z_ref, mean_ref, rstd_ref, *,
