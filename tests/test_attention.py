@@ -13,8 +13,8 @@ from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import dropout_masks
-from transformer_jax import flash_attention
 from transformer_jax import model_config
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 
 
@@ -205,7 +205,7 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
     assert serving('auto', decoding, q, v, dropout=False) == 'reference'  # a cached prefix: no kernel's mask
     assert serving('auto', self_spec, q, v, dropout=True) == 'flash_tpu'  # its own kernel draws dropout
     assert serving('auto', long, q, v, dropout=True) == 'flash_tpu'  # at any length
-  with flash_attention.interpret_kernels():  # a kernel named on a CPU (test_flash_attention.py)
+  with pallas_mode.interpret_kernels():  # a kernel named on a CPU (test_flash_attention.py)
     assert serving('flash_gpu', self_spec, q, v, dropout=False) == 'flash_gpu'
     assert serving('flash_gpu', spec, q, v, dropout=False) == 'flash_gpu'  # cross-attention: our Triton kernels
   d_v = v[..., :4]

@@ -1,6 +1,6 @@
 """The Pallas flash-attention kernels agree with 'reference', forward and gradients, on every mask form.
 
-Run on a CPU in Pallas interpret mode (`flash_attention.interpret_kernels`). That the TPU kernel also compiles for a
+Run on a CPU in Pallas interpret mode (`pallas_mode.interpret_kernels`). That the TPU kernel also compiles for a
 real TPU inside the train step is tested in test_aot.py.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import helpers
 from transformer_jax import attention
 from transformer_jax import attention_masks
-from transformer_jax import flash_attention
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -85,7 +85,7 @@ def test_kernel_matches_reference(implementation, case):
   q, k, v, spec = _case(case)
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
   expected = _output_and_grads('reference', q, k, v, spec, cotangent)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
     assert 'pallas_call' in jaxpr
     jitted_out, grads = _output_and_grads(implementation, q, k, v, spec, cotangent)
@@ -108,7 +108,7 @@ def test_kernel_runs_per_device_block_on_a_mesh(implementation):
   q, k, v, spec = _case('packed_causal')
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   expected = attention.attend(q, k, v, spec, implementation='reference')
-  with flash_attention.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
+  with pallas_mode.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
     jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
     assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr
     out = jax.jit(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec)
@@ -142,7 +142,7 @@ def test_flash_gpu_reads_a_stack_of_projections_in_place(case, on_mesh):
 
   expected = jax.jit(run('reference'))(q, stack)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     kernels = _kernels(jax.make_jaxpr(run('flash_gpu'))(q, stack))
     assert [eqn.params['name'] for eqn in kernels] == ['attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv']
     for eqn in kernels:  # q (self-attending), k and v: the stack itself, padded where its length is
@@ -181,7 +181,7 @@ def test_kernel_with_dropout_matches_reference(implementation, case):
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
   rng = jax.random.key(7)
   expected = _dropout_output_and_grads('reference', q, k, v, spec, cotangent, rng)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.3,
                                                  dropout_rng=rng)
     assert DROPOUT_KERNELS[implementation] in str(jax.make_jaxpr(run)(q, k, v, spec))
@@ -201,7 +201,7 @@ def test_kernel_with_dropout_draws_the_same_bits_on_every_device_block(implement
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   rng = jax.random.key(8)
   attend = lambda *a: attention.attend(*a, implementation=implementation, dropout_rate=0.3, dropout_rng=rng)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     expected = attend(q, k, v, spec)
     with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
       assert 'shard_map' in str(jax.make_jaxpr(attend)(q, k, v, spec))
@@ -268,7 +268,7 @@ def test_model_with_kernels_matches_reference_on_packed_rows(monkeypatch, implem
 
   expected = logits_and_grads('reference')  # XLA's ops on this CPU
   monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     model = Transformer(config.replace(attention=implementation))
     jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params)
     assert 'pallas_call' in str(jaxpr) and (implementation == 'flash_tpu' or 'attention_gpu_fwd' in str(jaxpr))
@@ -287,7 +287,7 @@ def test_compiled_train_steps_with_the_dropout_kernels_match_reference():
   step_metrics = lambda implementation: helpers.small_step_loss_and_grad_norm(attention=implementation,
                                                                              attention_dropout=0.3)
   expected = step_metrics('reference')
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     for implementation in DROPOUT_KERNELS:
       np.testing.assert_allclose(step_metrics(implementation), expected, rtol=1e-5, err_msg=implementation)
 
@@ -307,7 +307,7 @@ def test_causal_tpu_dropout_kernel_costs_only_the_tiles_it_computes():
         if hasattr(inner, 'eqns'):
           yield from pallas_calls(inner)
 
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     calls = list(pallas_calls(jax.make_jaxpr(run)().jaxpr))
   (forward,) = [e for e in calls if e.params['name'] == 'attention_dropout_fwd']
   batch, heads, d_k, d_v = q.shape[0], q.shape[2], q.shape[-1], v.shape[-1]

@@ -16,8 +16,8 @@ import pytest
 
 import helpers
 from transformer_jax import aot
-from transformer_jax import flash_attention
 from transformer_jax import loss
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -68,7 +68,7 @@ def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_leng
                                           smoothing)
   grad = lambda fn: jax.jit(jax.grad(functools.partial(objective, fn), argnums=(0, 1, 2), has_aux=True))(
       hidden, weights, bias)
-  with flash_attention.interpret_kernels():  # a GPU's loss kernel (`loss_kernel`), without a bias
+  with pallas_mode.interpret_kernels():  # a GPU's loss kernel (`loss_kernel`), without a bias
     ours_grads, ours = grad(chunked)
   ref_grads, ref = grad(whole)
   np.testing.assert_allclose(ours, ref, rtol=RTOL)

@@ -1,7 +1,7 @@
 """The GPU's loss kernel (`loss_kernel`): each token's maximum, log-sum-exp and (softmax − smoothed target) equal the
 formula, at vocabularies its steps tile and do not, on a mesh too; and where it does not serve.
 
-Run on a CPU in Pallas interpret mode (`flash_attention.interpret_kernels`); tests/test_aot.py compiles it for an
+Run on a CPU in Pallas interpret mode (`pallas_mode.interpret_kernels`); tests/test_aot.py compiles it for an
 H100 inside a train step. Tolerances: float32 sums over the vocabulary in another order, a few ulps (rtol 1e-5,
 as tests/test_loss.py); bfloat16 gradients, one bfloat16 rounding apart at most (values below 1).
 """
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import flash_attention
 from transformer_jax import loss_kernel
+from transformer_jax import pallas_mode
 from transformer_jax.sections import mesh as mesh_section
 
 GOLD, SMOOTHING = 0.9, 0.1
@@ -38,7 +38,7 @@ def _formula(logits, targets):
 
 def _kernel(logits, targets):
   other = SMOOTHING / (logits.shape[-1] - 1)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     jaxpr = str(jax.make_jaxpr(lambda l: loss_kernel.softmax_gradient(l, targets, GOLD, other))(logits))
     assert 'loss_softmax_gradient' in jaxpr
     return jax.jit(lambda l: loss_kernel.softmax_gradient(l, targets, GOLD, other))(logits)

@@ -11,7 +11,7 @@ import pytest
 import helpers
 from configs import table3
 from transformer_jax import attention_masks
-from transformer_jax import flash_attention
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax.model import MultiHeadAttention, Transformer, relu_dropout, shift_right, sinusoidal_encoding
 from transformer_jax.model_config import ModelConfig
@@ -198,7 +198,7 @@ def test_fused_projections_equal_separate_ones(monkeypatch):
   apply = lambda: lambda p: model.module.apply({'params': p}, inputs, targets)
   separate = jax.jit(apply())(params)
   monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
-  with flash_attention.interpret_kernels():  # the residual blocks' kernels, which a GPU runs too
+  with pallas_mode.interpret_kernels():  # the residual blocks' kernels, which a GPU runs too
     eqns = list(helpers.equations(jax.make_jaxpr(apply())(params).jaxpr))
     kernels = [eqn.invars[1].aval.shape for eqn in eqns if eqn.primitive.name == 'dot_general']
     assert (cfg.d_model, 3, cfg.num_heads, cfg.d_model // cfg.num_heads) in kernels  # q, k and v: one product
@@ -288,7 +288,7 @@ def test_attention_dropout_trains_alike_in_chunked_and_reference():
   loss_and_grads = lambda implementation: jax.jit(jax.value_and_grad(loss(implementation)))(params)
   assert 'scan[' in str(jax.make_jaxpr(loss('chunked'))(params))  # the chunked path's scan over key blocks
   assert 'scan[' not in str(jax.make_jaxpr(loss('auto'))(params))  # on this CPU: the reference
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     assert 'attention_dropout_fwd' in str(jax.make_jaxpr(loss('flash_tpu'))(params))
     assert 'attention_gpu_fwd' in str(jax.make_jaxpr(loss('flash_gpu'))(params))
   reference, chunked = loss_and_grads('reference'), loss_and_grads('chunked')

@@ -1,7 +1,7 @@
 """The GPU's post-LN residual block kernels (`residual_norm`) equal XLA's LayerNorm(x + dropout(y)) with the GPU's
 dropout mask, forward and gradients, on a mesh too; the model runs them on a GPU with the same parameters.
 
-Run on a CPU in Pallas interpret mode (`flash_attention.interpret_kernels`); tests/test_aot.py compiles them for an
+Run on a CPU in Pallas interpret mode (`pallas_mode.interpret_kernels`); tests/test_aot.py compiles them for an
 H100 inside a train step.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 import helpers
 from transformer_jax import dropout_masks
-from transformer_jax import flash_attention
+from transformer_jax import pallas_mode
 from transformer_jax import residual_norm
 from transformer_jax import sharding
 from transformer_jax.model import Transformer
@@ -52,7 +52,7 @@ def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, out_dtype,
 
   want = jax.jit(lambda: output_and_grads(xla))()
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     jaxpr = str(jax.make_jaxpr(lambda: output_and_grads(kernels))())
     assert 'residual_norm_fwd' in jaxpr and 'residual_norm_bwd' in jaxpr and 'shard_map' not in jaxpr
     if on_mesh:
@@ -85,7 +85,7 @@ def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeyp
   run = lambda: jax.jit(lambda p: (model.apply({'params': p}, inputs, targets), jax.grad(loss)(p)))(params)
   expected = run()
   monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
-  with flash_attention.interpret_kernels():
+  with pallas_mode.interpret_kernels():
     gpu_params = nn.unbox(model.init(jax.random.key(0), inputs, targets)['params'])
     assert jax.tree.structure(gpu_params) == jax.tree.structure(params)
     kernels = [eqn.params['name'] for eqn in helpers.equations(jax.make_jaxpr(loss)(params).jaxpr)

@@ -15,8 +15,8 @@ import pytest
 import helpers
 from bench import step_costs
 from bench import step_profile
-from transformer_jax import flash_attention
 from transformer_jax import hlo_costs
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax.model_config import ModelConfig
 
@@ -182,7 +182,7 @@ def test_projections_fused_for_a_gpu_count_as_attention_projections(monkeypatch)
                     dropout=0.0, max_len=64, attention='reference')
   inputs, targets = helpers.tokens(0, (2, 7), [7, 5]), helpers.tokens(1, (2, 9), [9, 4])
   model, params = helpers.init_model(cfg, inputs=inputs, targets=targets)
-  with flash_attention.interpret_kernels():  # the residual blocks' kernels a GPU runs, here in interpret mode
+  with pallas_mode.interpret_kernels():  # the residual blocks' kernels a GPU runs, here in interpret mode
     hlo = jax.jit(lambda p: model.apply({'params': p}, inputs, targets)).lower(params).compile().as_text()
   projected = [op for op in hlo_costs.op_costs(hlo) if '._project/' in op.op_name]
   assert {op.op_name.split('._project/')[1].split('/')[0] for op in projected} == {'key_value_query', 'query',

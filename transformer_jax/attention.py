@@ -14,6 +14,7 @@ from transformer_jax import attention_masks
 from transformer_jax import cpu_backend
 from transformer_jax import dropout_masks
 from transformer_jax import flash_attention
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax.attention_masks import NEG
 
@@ -166,11 +167,11 @@ def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: 
 
 
 def _check_kernel_platform(implementation: str) -> None:
-  """A flash kernel compiles only for its own platform (a CPU runs it in `flash_attention.interpret_kernels`):
+  """A flash kernel compiles only for its own platform (a CPU runs it in `pallas_mode.interpret_kernels`):
   elsewhere, one line that says what to choose instead of Pallas's own error."""
   platforms = [platform for platform, kernel in _AUTO.items() if kernel == implementation]
   platform = sharding.target_platform()
-  if platforms and platform not in platforms and not flash_attention.interpreting():
+  if platforms and platform not in platforms and not pallas_mode.interpreting():
     raise ValueError(f'model.attention={implementation!r} is a {platforms[0].upper()} kernel, and this step is compiled '
                      f'for {platform.upper()} devices: set model.attention=\'auto\' (the fastest this platform has) or '
                      f'one of {tuple(name for name in IMPLEMENTATIONS if name not in _AUTO.values())}.')

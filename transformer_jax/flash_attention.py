@@ -1,10 +1,8 @@
 """The accelerators' Pallas flash-attention kernels, `flash_tpu` (jax's splash attention; with attention dropout,
 our own kernel) and `flash_gpu` (our own Triton kernels), each run by `jax.shard_map` on every device's block of
 batch × heads of the context mesh. They serve what their kernels can (`attention.serving` sends the rest to the
-XLA implementations); `interpret_kernels` runs them on a CPU for tests."""
+XLA implementations); `pallas_mode.interpret_kernels` runs them on a CPU for tests."""
 
-import contextlib
-import contextvars
 import functools
 import math
 
@@ -16,6 +14,7 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax import attention_masks
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 
 # The segment id of padding. For jax's splash kernel, queries and keys alike: padding queries then attend to
@@ -24,26 +23,6 @@ from transformer_jax import sharding
 # see no key.
 _PAD_ID = int(jnp.iinfo(jnp.int32).min)
 _KEY_PAD_ID = _PAD_ID + 1
-_INTERPRET = contextvars.ContextVar('interpret_kernels', default=False)
-
-
-@contextlib.contextmanager
-def interpret_kernels():
-  """Attention traced inside runs the Pallas kernels in interpret mode, which a CPU can execute: for tests.
-
-  Outside it the kernels are traced for their accelerator (also on a CPU host compiling for a TPU slice, or
-  under `jax.eval_shape`); compiling them for a CPU then fails with Pallas's "Only interpret mode is supported".
-  """
-  token = _INTERPRET.set(True)
-  try:
-    yield
-  finally:
-    _INTERPRET.reset(token)
-
-
-def interpreting() -> bool:
-  """Whether attention traced now runs the kernels in interpret mode (inside `interpret_kernels`)."""
-  return _INTERPRET.get()
 
 
 def _segment_ids(valid, segment, pad_id):
@@ -151,7 +130,7 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
     shape = (q_size, k_size)
     one = splash_mask.CausalMask(shape) if spec.causal else splash_mask.FullMask(shape)
     attend = splash.make_splash_mha(splash_mask.MultiHeadMask([one] * heads), block_sizes=blocks, head_shards=1,
-                                    q_seq_shards=1, interpret=_INTERPRET.get())
+                                    q_seq_shards=1, interpret=pallas_mode.interpreting())
     out = jax.vmap(lambda q, k, v, qi, ki: attend(q, k, v, segment_ids=splash.SegmentIds(qi, ki)))(
         _heads_major(_scaled(q, d_k)), _heads_major(k), _heads_major(v), q_ids, kv_ids)
     return _heads_major(out)
@@ -327,7 +306,7 @@ def _dropout_attention(q, k, v, q_ids, k_ids, scalars, *, keep: float, causal: b
   # block where there are several key blocks (forward), q, do and the rows' stats once per key block where there
   # are several query blocks (backward).
   k_reads, q_reads = (num_q if num_k > 1 else 1), (num_k if num_q > 1 else 1)
-  interpret = _INTERPRET.get()
+  interpret = pallas_mode.interpreting()
 
   def forward(q, k, v, q_ids, k_ids, scalars):
     spec = pltpu.PrefetchScalarGridSpec(
@@ -553,7 +532,7 @@ def _gpu_attention(*args, keep: float, causal: bool, scale: float):
   k_len, d_v = k_array.shape[1], v_array.shape[-1]
   options = dict(keep=keep, causal=causal, scale=scale)
   params = plgpu.CompilerParams(num_warps=4 if max(d_k, d_v) <= 64 else 8, num_stages=2)
-  interpret = _INTERPRET.get()
+  interpret = pallas_mode.interpreting()
   item = q_array.dtype.itemsize
   q_tile, q_whole = (lambda block: _rows(block, d_k, q_slot, tiled=True)), _rows(q_len, d_k, q_slot, tiled=False)
   k_tile, k_whole = (lambda block: _rows(block, d_k, k_slot, tiled=True)), _rows(k_len, d_k, k_slot, tiled=False)

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
-from transformer_jax import flash_attention
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 
 _COLUMNS = 4096  # vocabulary entries a step of a sweep at most, 8 a thread of 16 warps
@@ -96,7 +96,7 @@ def softmax_gradient(logits, targets, gold: float, other: float):
         in_specs=[row_stats, row], out_specs=[row_stats, row_stats, row],
         out_shape=[stats, stats, jax.ShapeDtypeStruct((n, vocab), logits.dtype)], input_output_aliases={1: 2},
         compiler_params=plgpu.CompilerParams(num_warps=max(1, columns // 256), num_stages=1),
-        interpret=flash_attention.interpreting(),
+        interpret=pallas_mode.interpreting(),
         name='loss_softmax_gradient')(targets.reshape(n).astype(jnp.int32), logits.reshape(n, vocab))
     shape = (logits.shape[0], length)
     return top.reshape(shape), lse.reshape(shape), grad.reshape(logits.shape)

@@ -16,7 +16,7 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax import dropout_masks
-from transformer_jax import flash_attention
+from transformer_jax import pallas_mode
 from transformer_jax import sharding
 
 _FORWARD_ROWS, _BACKWARD_ROWS = 16, 32  # rows a program at most: the backward's scale and bias gradients are one
@@ -120,7 +120,7 @@ def _forward(x, y, scale, bias, words, keep, eps, dtype):
         in_specs=[pl.BlockSpec((3,), lambda i: (0,)), row_block, row_block, vector, vector],
         out_specs=[row_block, row_block, row_stats, row_stats],
         out_shape=[jax.ShapeDtypeStruct((rows, d), dtype), jax.ShapeDtypeStruct((rows, d), x.dtype), stats, stats],
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=flash_attention.interpreting(),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=pallas_mode.interpreting(),
         name='residual_norm_fwd')(_scalars(words, batch_index, length), x.reshape(rows, d), y.reshape(rows, d),
                                   scale.astype(jnp.float32), bias.astype(jnp.float32))
     local_shape = (x.shape[0], length)
@@ -151,7 +151,7 @@ def _residual_norm_bwd(keep, eps, dtype, residuals, dout):
                   pl.BlockSpec((d,), lambda i: (0,))],
         out_specs=[row_block, row_block, partial_sums, partial_sums],
         out_shape=[jax.ShapeDtypeStruct((rows, d), z.dtype)] * 2 + [jax.ShapeDtypeStruct((blocks, d), jnp.float32)] * 2,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=flash_attention.interpreting(),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=pallas_mode.interpreting(),
         name='residual_norm_bwd')(_scalars(words, batch_index, length), dout.reshape(rows, d), z.reshape(rows, d),
                                   mean.reshape(rows), rstd.reshape(rows), scale.astype(jnp.float32))
     return dz.reshape(z.shape), dy.reshape(z.shape), dscale, dbias
