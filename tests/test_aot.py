@@ -198,14 +198,27 @@ def test_topology_names():
     aot.get_topology('v4-7')
 
 
-@pytest.mark.parametrize('name, package, install', [
-    ('v6e-4', 'libtpu', rf'pip install "jax\[tpu\]=={jax.__version__}"'),
-    ('h100-8', 'jax_cuda12_plugin', rf'pip install "jax-cuda12-plugin=={jax.__version__}"')])
-def test_a_missing_compiler_says_how_to_install_it_in_one_line(monkeypatch, name, package, install):
+@pytest.mark.parametrize('name, packages, install', [
+    ('v6e-4', ('libtpu',), rf'pip install "jax\[tpu\]=={jax.__version__}"'),
+    ('h100-8', ('jax_cuda12_plugin', 'jax_cuda13_plugin'), rf'pip install "jax-cuda12-plugin=={jax.__version__}"')])
+def test_a_missing_compiler_says_how_to_install_it_in_one_line(monkeypatch, name, packages, install):
   real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, 'find_spec', lambda n, *a: None if n == package else real(n, *a))
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda n, *a: None if n in packages else real(n, *a))
   with pytest.raises(cli.USER_ERRORS, match=install):
     aot.topology_devices(name)
+
+
+@pytest.mark.parametrize('installed, cuda', [
+    (('jax_cuda12_plugin',), 'major: 12 minor: 9'), (('jax_cuda13_plugin',), 'major: 13 minor: 0'),
+    (('jax_cuda12_plugin', 'jax_cuda13_plugin'), 'major: 12 minor: 9')])
+def test_a_gpu_program_is_compiled_for_the_installed_plugins_cuda(monkeypatch, installed, cuda):
+  """jax 0.11 (Python 3.12+) compiles for a GPU with its CUDA 13 plugin as well as the CUDA 12 one."""
+  plugins = ('jax_cuda12_plugin', 'jax_cuda13_plugin')
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda n, *a: (None if n not in installed else real('jax')) if n in plugins else real(n, *a))
+  config = aot.gpu_target_config(aot.get_topology('h100-1').chip)
+  assert f'runtime_version {{ {cuda} }}' in config
 
 
 def test_a_cuda_plugin_that_did_not_start_says_what_to_do(monkeypatch):
@@ -258,7 +271,9 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   assert (analysis.collectives['all-reduce'].count > 0) == (analysis.num_chips > 1)
 
 
-def test_cudnn_missing_for_cudnns_attention_says_what_to_do(monkeypatch):
+@pytest.mark.parametrize('plugin, install', [('jax_cuda12_plugin', r'pip install -r requirements-gpu\.txt'),
+                                             ('jax_cuda13_plugin', 'pip install nvidia-cudnn-cu13')])
+def test_cudnn_missing_for_cudnns_attention_says_what_to_do(monkeypatch, plugin, install):
   """`auto` without attention dropout lowers cuDNN's fused attention on a GPU, and jax then reads cuDNN's version
   from the library, which the CUDA plugin alone does not bring (absent here, or made so)."""
   from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=import-outside-toplevel
@@ -266,9 +281,11 @@ def test_cudnn_missing_for_cudnns_attention_says_what_to_do(monkeypatch):
   def absent():
     raise RuntimeError('cuDNN not found.')
 
+  devices = aot.topology_devices('h100-1')
   monkeypatch.setattr(fused_attention_stablehlo, 'check_cudnn_version', absent)
-  with pytest.raises(cli.USER_ERRORS, match=r'needs cuDNN, .*requirements-gpu.txt, or set model.attention=flash_gpu'):
-    aot.run_programs(small_config('data', 'h100-1', d_k=64, d_v=64), aot.topology_devices('h100-1'))  # cuDNN's
+  monkeypatch.setattr(aot, '_cuda_plugin', lambda: plugin)
+  with pytest.raises(cli.USER_ERRORS, match=rf'needs cuDNN, .*: {install}, or set model.attention=flash_gpu'):
+    aot.run_programs(small_config('data', 'h100-1', d_k=64, d_v=64), devices)  # cuDNN's
 
 
 def test_parse_collectives_counts_each_op_once_with_its_result_bytes():

@@ -1,11 +1,12 @@
 """Compile for a TPU slice or a GPU machine without its chips, and read what the program needs: per-chip HBM,
 FLOPs, collectives.
 
-libtpu compiles for a named TPU topology on any machine, and the CUDA plugin (jax-cuda12-plugin) for a GPU
-described by a target config (`gpu_target_config`), both through `jax.experimental.topologies`' compile-only
-devices. So a config's train step can be checked against a slice or a GPU box before one is rented: whether it
-fits in HBM (and what to change when it does not), which collectives XLA inserted for the mesh, and a roofline
-step time; and the H100's program, the one a lent H100 runs, can be read on a CPU (bench.step_costs).
+libtpu compiles for a named TPU topology on any machine, and the CUDA plugin (jax-cuda12-plugin; with jax 0.11 also
+jax-cuda13-plugin) for a GPU described by a target config (`gpu_target_config`), both through
+`jax.experimental.topologies`' compile-only devices. So a config's train step can be checked against a slice or a
+GPU box before one is rented: whether it fits in HBM (and what to change when it does not), which collectives XLA
+inserted for the mesh, and a roofline step time; and the H100's program, the one a lent H100 runs, can be read on a
+CPU (bench.step_costs).
 
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
 """
@@ -87,9 +88,16 @@ _SHAPES_2D = ('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
 _SHAPES_GPU = ('1x1x1', '1x1x2', '1x1x4', '1x1x8')  # one host: (slices, hosts, GPUs per host), as the plugin's
 _SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D,
            'a100': _SHAPES_GPU, 'h100': _SHAPES_GPU, 'h200': _SHAPES_GPU}
-# The CUDA and cuDNN versions a GPU program is compiled for: CUDA as requirements-gpu.txt installs it, and a cuDNN
-# 9 older than the one it installs, so that no newer cuDNN's features are assumed
-_CUDA_VERSION, _CUDNN_VERSION = (12, 9), (9, 8)
+# The CUDA plugins that compile for a GPU, each with the CUDA version its programs are compiled for:
+# requirements-gpu.txt installs the CUDA 12 one (jax 0.10); jax 0.11 (Python 3.12+) also has a CUDA 13 one. cuDNN:
+# a 9 older than the one requirements-gpu.txt installs, so that no newer cuDNN's features are assumed.
+_CUDA_PLUGINS = {'jax_cuda12_plugin': (12, 9), 'jax_cuda13_plugin': (13, 0)}
+_CUDNN_VERSION = (9, 8)
+
+
+def _cuda_plugin() -> str | None:
+  """The installed CUDA plugin's module (the CUDA 12 one where both are), or None."""
+  return next((name for name in _CUDA_PLUGINS if importlib.util.find_spec(name) is not None), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +148,7 @@ def gpu_target_config(chip: Chip) -> str:
   """The GpuTargetConfigProto (text format) that lets the CUDA plugin compile for `chip` without one."""
   gpu = chip.gpu
   major, minor = gpu.compute_capability
+  cuda = _CUDA_PLUGINS[_cuda_plugin() or 'jax_cuda12_plugin']
   return '\n'.join([
       'gpu_device_info {',
       '  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152',
@@ -154,7 +163,7 @@ def gpu_target_config(chip: Chip) -> str:
       '}',
       'platform_name: "CUDA"',
       f'dnn_version_info {{ major: {_CUDNN_VERSION[0]} minor: {_CUDNN_VERSION[1]} }}',
-      f'runtime_version {{ major: {_CUDA_VERSION[0]} minor: {_CUDA_VERSION[1]} }}',
+      f'runtime_version {{ major: {cuda[0]} minor: {cuda[1]} }}',
       f'device_description_str: "{chip.device_kind}"'])
 
 
@@ -173,7 +182,7 @@ def topology_devices(name: str) -> tuple:
   topo = get_topology(name)
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   if topo.chip.platform == 'gpu':
-    if importlib.util.find_spec('jax_cuda12_plugin') is None:
+    if _cuda_plugin() is None:
       raise _missing_compiler_error(name)
     try:
       desc = topologies.get_topology_desc(platform='cuda', target_config=gpu_target_config(topo.chip),
@@ -341,9 +350,11 @@ def compiling_for(devices):
   except RuntimeError as e:
     if devices[0].platform != 'gpu' or 'cuDNN not found' not in str(e):
       raise
+    install = ('pip install nvidia-cudnn-cu13' if _cuda_plugin() == 'jax_cuda13_plugin'
+               else 'pip install -r requirements-gpu.txt')
     raise MissingDependencyError(
         f"compiling cuDNN's fused attention for {devices[0].device_kind} needs cuDNN, which is not installed: "
-        'pip install -r requirements-gpu.txt, or set model.attention=flash_gpu') from None
+        f'{install}, or set model.attention=flash_gpu') from None
   finally:
     jax.config.update('jax_persistent_cache_min_compile_time_secs', before)
 
