@@ -6,21 +6,17 @@
 #                  downloads into .whl/ (git-ignored) the pinned packages the device image lacks or holds in
 #                  other versions, as Python 3.12 wheels
 #   there:       run(command="bash bench/gpu_session.sh run", carry=[".whl"], timeout_s=600)
-#                  the GPU tests; `flash_gpu` (our Triton kernels) on one attention call of the paper's base
-#                  batch with attention dropout (bench.attention; the kernels took 5 ms of base's step at
-#                  bench/RESULTS.md's sixth H100 visit, which also timed them on packed rows); base at the
-#                  paper's batch with torch's dropout placement (attention and ReLU dropout 0.1: what `auto`
-#                  sends to our Triton kernels) against torch.compile (every dropout mask a hash on a GPU since
-#                  2026-11-27, so jax's key implementation no longer draws them); the same with a logits bias
-#                  (XLA's loss passes instead of `loss_kernel`: what the kernel is worth); base without attention
-#                  dropout through cuDNN (`auto`) and through `flash_gpu`; big with torch's dropout placement against
-#                  torch.compile; base's dropout step without XLA's dot merger (jax 0.11); then, in the time
-#                  left, base's dropout step by model part
-#                  (bench.step_profile; CUDA graphs off so kernels name their ops). Logs and JSON lines under
-#                  $OUT.
+#                  the GPU tests; base and big at the paper's batch with torch's dropout placement (attention
+#                  and ReLU dropout 0.1: what `auto` sends to our Triton kernels) against torch.compile; then
+#                  A/Bs of base, ours against a variant in the same process and rounds: with a logits bias (XLA's
+#                  loss passes instead of `loss_kernel`: what the kernel is worth), through `flash_gpu` instead of
+#                  cuDNN without attention dropout, and without jax 0.11's dot merger; then, in the time left,
+#                  base's dropout step by model part (bench.step_profile; CUDA graphs off so kernels name their
+#                  ops). Logs and JSON lines under $OUT.
 #
-# Each step has its own time limit, so one that hangs leaves the others their time (~9.5 minutes in all); the
-# profile runs last, in what is left.
+# Each step has its own time limit, so one that hangs cannot take all that is left; the steps come in order of what
+# they decide, since the call's 600 s end the script wherever it is (what is under $OUT comes back); the profile
+# runs last, only if time is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,29 +54,22 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   echo "== tests/test_gpu.py"
   timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/test_gpu.log"
   local dropout='attention=auto,attention_dropout=0.1,relu_dropout=0.1'
-  echo "== attention_paper_batch: bench.attention"
-  timeout 60 python3 -m bench.attention --lengths=128 --batch=196 --dtype=bfloat16 --dropout_rate=0.1 --repeats=15 \
-    --implementations=flash_gpu 2>&1 | tee "$out/attention_paper_batch.log"
+  # The targets first: base and big with torch's dropout placement (what `auto` sends to our Triton kernels)
+  # against torch.compile (1.49x and 1.18x at the sixth visit; since then 26% and 23% fewer bytes by the GPU lab)
   throughput 190 base_dropout --configs=base --impls=ours,torch_compile --rounds=3 --steps=5 --override="$dropout"
-  # The same step with a (zero-initialised) logits bias, which `loss_kernel` does not serve: XLA's two passes over
-  # the logits instead of our kernel, so the two lines' step times say what the kernel is worth (untimed so far)
-  throughput 100 base_dropout_xla_loss --configs=base --impls=ours --rounds=3 --steps=5 \
-    --override="$dropout,logits_bias=True"
-  # Without attention dropout, padded rows: cuDNN's kernel (what `auto` takes) against our Triton kernels, which
-  # `flash_gpu` runs for every case since the sixth H100 visit (cuDNN was measured against jax's kernel)
-  for attention in auto flash_gpu; do
-    throughput 100 "base_$attention" --configs=base --impls=ours --rounds=3 --steps=5 --override="attention=$attention"
-  done
-  # Big with torch's dropout placement against torch.compile: its program moves 22% fewer bytes since the GPU lab
-  # (bench/RESULTS.md, "The H100's program compiled on this CPU"); 1.18x at the H200's second visit
   throughput 150 big_dropout --configs=big --impls=ours,torch_compile --rounds=2 --steps=4 --override="$dropout"
-  # jax 0.11's XLA merges the decoder's six cross-attention key-value products (they share the encoder's output) by
-  # concatenating their operands: 1.07 GB more a base step than jax 0.10's program, which has none (bench/RESULTS.md,
-  # "The device's jax compiled here"). The same step as base_dropout's without that merge says whether it pays
-  if [[ "$(python3 -c 'import jax; print(jax.__version__)')" != 0.10.* ]]; then
-    throughput 100 base_dropout_no_dot_merger --configs=base --impls=ours --rounds=3 --steps=5 \
-      --override="$dropout" --xla_flags=--xla_gpu_dot_merger_threshold_mb=0
-  fi
+  # Then A/Bs, each `ours` against `ours_variant` in the same process and rounds. A (zero-initialised) logits bias,
+  # which `loss_kernel` does not serve: XLA's two passes over the logits instead of our kernel
+  throughput 130 base_dropout_loss_kernel --configs=base --impls=ours,ours_variant --rounds=3 --steps=5 \
+    --override="$dropout" --variant_override=logits_bias=True
+  # Without attention dropout, padded rows: cuDNN's kernel (what `auto` takes) against our Triton kernels
+  throughput 130 base_cudnn --configs=base --impls=ours,ours_variant --rounds=3 --steps=5 \
+    --override=attention=auto --variant_override=attention=flash_gpu
+  # jax 0.11's XLA joins pairs of the decoder's cross-attention key-value weight-gradient products (they share the
+  # encoder's output) by concatenating their operands: 1.07 GB more a base step than jax 0.10's program
+  # (bench/RESULTS.md, "The device's jax compiled here"). Does the merge pay?
+  throughput 130 base_dropout_dot_merger --configs=base --impls=ours,ours_variant --rounds=3 --steps=5 \
+    --override="$dropout" --variant_xla_options=xla_gpu_dot_merger_threshold_mb=0
   local left=$((570 - SECONDS))  # what the call's 600 s leave: where base's dropout step spends its time
   if (( left > 90 )); then
     throughput "$((left - 20))" base_dropout_profile --configs=base --impls=ours --rounds=1 --steps=2 \

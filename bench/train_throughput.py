@@ -7,7 +7,8 @@ label smoothing 0.1, a fixed random batch without padding.
 
 ours:  the run as the trainer builds it (run_builder.build: sharded initial state, jitted train step with donated
        state) on one device; `ours_stock` forces model.cpu_kernels=off, `ours_cpu_kernels` forces it on (the
-       default, 'auto', is on only when the device is a CPU).
+       default, 'auto', is on only when the device is a CPU); `ours_variant` is ours with --variant_override's
+       model changes and --variant_xla_options' compiler options, an A/B timed in the same rounds as `ours`.
 torch: torch.nn.Transformer(batch_first=True, dropout as ours) + a token embedding shared with the output layer
        (×√d_model), sinusoidal positions, causal target mask, cross_entropy(label_smoothing=0.1),
        torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads);
@@ -96,8 +97,8 @@ class Ours:
 
   NAMES = {None: 'ours', 'off': 'ours_stock', 'on': 'ours_cpu_kernels'}
 
-  def __init__(self, cfg, host_batch, seed=0, cpu_kernels=None):
-    self.name = self.NAMES[cpu_kernels]
+  def __init__(self, cfg, host_batch, seed=0, cpu_kernels=None, name=None, compiler_options=None):
+    self.name = name or self.NAMES[cpu_kernels]
     cfg = cfg.replace(cpu_kernels=cpu_kernels) if cpu_kernels else cfg
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
@@ -107,12 +108,13 @@ class Ours:
     config.model.update(dataclasses.asdict(cfg))
     config.train.seed = seed
     run = run_builder.build(config, jax.devices()[:1])  # as the trainer builds it, on one device
-    self.xla_options = xla_options.for_mesh(run.mesh)  # what the step is compiled with (steps.train_step)
+    # what the step is compiled with: the mesh's (steps.train_step), then `compiler_options` added
+    self.xla_options = {**xla_options.for_mesh(run.mesh), **(compiler_options or {})}
     self.state, self.batch = run.initial_state(), sharding.place_batch(host_batch, run.mesh)
     self._context = run.activate
     start = time.perf_counter()
     with self._context():
-      self.compiled = run.train_step.lower(self.state, self.batch).compile()
+      self.compiled = run.train_step.lower(self.state, self.batch).compile(compiler_options or None)
     self.compile_s = time.perf_counter() - start
     self._jax = jax
 
@@ -274,6 +276,9 @@ def make_runners(impls, cfg, host_batch, args, device):
   makers = {'ours': lambda: Ours(cfg, host_batch),
             'ours_stock': lambda: Ours(cfg, host_batch, cpu_kernels='off'),
             'ours_cpu_kernels': lambda: Ours(cfg, host_batch, cpu_kernels='on'),
+            'ours_variant': lambda: Ours(cfg.replace(**parse_overrides(args.variant_override)), host_batch,
+                                         name='ours_variant',
+                                         compiler_options=parse_overrides(args.variant_xla_options)),
             'torch': lambda: Torch(cfg, host_batch, args.threads, device=device),
             'torch_compile': lambda: Torch(cfg, host_batch, args.threads, device=device, compiled=True)}
   unknown = [name for name in impls if name not in makers]
@@ -304,7 +309,7 @@ def run(args):
   common.emit({'bench': 'train_throughput', 'gpu_paper_batch': args.gpu_paper_batch, 'machine': info,
                'override': args.override, 'malloc': args.malloc, 'pipelined': args.pipelined})
   baseline = next((name for name in ('torch_compile', 'torch') if name in impls), None)  # of '× torch'
-  table = []
+  table, variants = [], []
   for config_name in [c for c in args.configs.split(',') if c]:
     cfg, rows, source_len, target_len = model_dims(config_name, args)
     host_batch = random_batch(rows, source_len, target_len, cfg.vocab_size)
@@ -329,6 +334,12 @@ def run(args):
       if baseline and not name.startswith('torch'):
         ratios[name] = records[name]['target_tokens_per_s'] / records[baseline]['target_tokens_per_s']
         common.emit({'config': config_name, f'{name}_over_{baseline}_tokens_per_s': ratios[name]})
+    if 'ours' in records and 'ours_variant' in records:  # the A/B, from the same rounds
+      variant = records['ours_variant']['target_tokens_per_s'] / records['ours']['target_tokens_per_s']
+      common.emit({'config': config_name, 'ours_variant_over_ours_tokens_per_s': variant,
+                   'variant_override': args.variant_override, 'variant_xla_options': args.variant_xla_options})
+      variants.append(f'{config_name}: ours_variant {variant:.3f}× ours (tokens/s; {args.variant_override} '
+                      f'{args.variant_xla_options})')
     for name, rec in records.items():
       table.append([config_name, name, f'{rows}×{source_len}+{target_len}', rec['step_s'] * 1e3,
                     rec['cpu_s_per_step'], rec['target_tokens_per_s'], rec['all_tokens_per_s'],
@@ -340,6 +351,8 @@ def run(args):
                                'src+tgt tok/s', 'GFLOP/s', 'MFU', '× torch tok/s'], table))
   if baseline:
     print(f'× torch: target tokens/s against {baseline}')
+  for line in variants:
+    print(line)
 
 
 def main(argv=None):
@@ -347,7 +360,7 @@ def main(argv=None):
   p.add_argument('--configs', default='default,base', help=f'comma-separated, from {CONFIGS}')
   p.add_argument('--impls', default='ours,torch',
                  help="comma-separated: 'ours', 'ours_stock' / 'ours_cpu_kernels' (model.cpu_kernels off / on), "
-                      "'torch', 'torch_compile'")
+                      "'ours_variant' (--variant_override, --variant_xla_options), 'torch', 'torch_compile'")
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--steps', type=int, default=3, help='timed steps per implementation per round')
   p.add_argument('--warmup', type=int, default=2, help='untimed steps per implementation after compiling')
@@ -360,6 +373,10 @@ def main(argv=None):
   p.add_argument('--target_len', type=int, default=0)
   p.add_argument('--override', default='', help="our ModelConfig changes, e.g. 'attention=dot_product'")
   p.add_argument('--xla_flags', default=None, help='XLA_FLAGS for this run (set before JAX starts)')
+  p.add_argument('--variant_override', default='',
+                 help="ours_variant's ModelConfig changes on top of --override, e.g. 'logits_bias=True'")
+  p.add_argument('--variant_xla_options', default='',
+                 help="compiler options ours_variant's step adds to ours', e.g. 'xla_gpu_dot_merger_threshold_mb=0'")
   p.add_argument('--malloc', choices=('system', 'reuse'), default='reuse',
                  help="'reuse' (what train.py --host_memory=auto does on a CPU): glibc keeps freed memory "
                       "(cpu_backend.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults")

@@ -1,5 +1,7 @@
 """bench.train_throughput's timing: each step waited for on its own, or (`--pipelined`) a round's steps dispatched
-back to back and waited for once, as the trainer keeps steps in flight."""
+back to back and waited for once, as the trainer keeps steps in flight; the overrides' parsing; `ours_variant`."""
+
+import argparse
 
 import pytest
 
@@ -49,3 +51,20 @@ def test_overrides_parse_numbers_and_booleans():
   assert train_throughput.parse_overrides('attention=flash_gpu, d_model=256,relu_dropout=0.1,logits_bias=True') == {
       'attention': 'flash_gpu', 'd_model': 256, 'relu_dropout': 0.1, 'logits_bias': True}
   assert train_throughput.parse_overrides('logits_bias=False') == {'logits_bias': False}
+
+
+def test_the_variant_is_ours_with_its_model_changes_and_compiler_options():
+  """`ours_variant`: an A/B timed in the same rounds as `ours` (e.g. with a logits bias, or an XLA option off)."""
+  args = argparse.Namespace(
+      rows=2, source_len=8, target_len=8, threads=1,
+      override='d_model=32,d_ff=64,num_heads=2,num_encoder_layers=1,num_decoder_layers=1,vocab_size=64',
+      variant_override='logits_bias=True', variant_xla_options='xla_llvm_disable_expensive_passes=True')
+  cfg, rows, source_len, target_len = train_throughput.model_dims('base', args)
+  batch = train_throughput.random_batch(rows, source_len, target_len, cfg.vocab_size)
+  ours, variant = train_throughput.make_runners(['ours', 'ours_variant'], cfg, batch, args, 'cpu')
+  assert variant.name == 'ours_variant'
+  assert variant.xla_options == {**ours.xla_options, 'xla_llvm_disable_expensive_passes': True}
+  assert 'logits_bias' in variant.state.params['decoder'] and 'logits_bias' not in ours.state.params['decoder']
+  assert float(variant.step()) == float(ours.step())  # the bias starts at zero
+  with pytest.raises(Exception, match="No such compile option: 'xla_no_such_option'"):  # the options reach XLA
+    train_throughput.Ours(cfg, batch, compiler_options={'xla_no_such_option': 1})
