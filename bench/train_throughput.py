@@ -100,6 +100,7 @@ class Ours:
   def __init__(self, cfg, host_batch, seed=0, cpu_kernels=None, name=None, compiler_options=None):
     self.name = name or self.NAMES[cpu_kernels]
     cfg = cfg.replace(cpu_kernels=cpu_kernels) if cpu_kernels else cfg
+    self.cfg = cfg  # the model it trains (its record's attention, remat, dtype and FLOPs)
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
     from transformer_jax import run_builder, sharding, xla_options  # pylint: disable=import-outside-toplevel
@@ -292,6 +293,8 @@ def run(args):
   import jax  # pylint: disable=import-outside-toplevel
   from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
   impls = [x for x in args.impls.split(',') if x]
+  if (args.variant_override or args.variant_xla_options) and 'ours_variant' not in impls:
+    raise SystemExit('--variant_override / --variant_xla_options change ours_variant only: add it to --impls')
   if args.gpu_paper_batch and jax.default_backend() != 'gpu':
     raise SystemExit(f'--gpu_paper_batch needs a GPU; JAX runs on {jax.default_backend()!r} here')
   device = jax.devices()[0]
@@ -321,9 +324,10 @@ def run(args):
           r.profile(os.path.join(args.profile_dir, f'{config_name}_{r.name}'), args.profile_steps)
     records = {}
     for r in runners:
-      extra = {'compile_s': r.compile_s, 'attention': cfg.attention, 'remat': cfg.remat, 'dtype': cfg.dtype,
+      model = r.cfg if isinstance(r, Ours) else cfg
+      extra = {'compile_s': r.compile_s, 'attention': model.attention, 'remat': model.remat, 'dtype': model.dtype,
                **memory[r.name], **({'xla_options': r.xla_options} if isinstance(r, Ours) else {})}
-      records[r.name] = record = throughput_record(r.name, config_name, cfg, rows, source_len, target_len,
+      records[r.name] = record = throughput_record(r.name, config_name, model, rows, source_len, target_len,
                                                    times[r.name], cpu_times[r.name], extra)
       if peak:
         record['mfu'] = record['gflops_per_s'] * 1e9 / peak
@@ -338,8 +342,8 @@ def run(args):
       variant = records['ours_variant']['target_tokens_per_s'] / records['ours']['target_tokens_per_s']
       common.emit({'config': config_name, 'ours_variant_over_ours_tokens_per_s': variant,
                    'variant_override': args.variant_override, 'variant_xla_options': args.variant_xla_options})
-      variants.append(f'{config_name}: ours_variant {variant:.3f}× ours (tokens/s; {args.variant_override} '
-                      f'{args.variant_xla_options})')
+      changes = ', '.join(filter(None, (args.variant_override, args.variant_xla_options)))
+      variants.append(f'{config_name}: ours_variant {variant:.3f}× ours (tokens/s; {changes})')
     for name, rec in records.items():
       table.append([config_name, name, f'{rows}×{source_len}+{target_len}', rec['step_s'] * 1e3,
                     rec['cpu_s_per_step'], rec['target_tokens_per_s'], rec['all_tokens_per_s'],

@@ -68,3 +68,9 @@ def test_the_variant_is_ours_with_its_model_changes_and_compiler_options():
   assert float(variant.step()) == float(ours.step())  # the bias starts at zero
   with pytest.raises(Exception, match="No such compile option: 'xla_no_such_option'"):  # the options reach XLA
     train_throughput.Ours(cfg, batch, compiler_options={'xla_no_such_option': 1})
+
+
+def test_variant_options_without_the_variant_runner_are_refused():
+  with pytest.raises(SystemExit, match='change ours_variant only: add it to --impls'):
+    train_throughput.main(['--impls=ours', '--variant_xla_options=xla_gpu_dot_merger_threshold_mb=0',
+                           '--malloc=system'])
