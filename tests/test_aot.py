@@ -11,6 +11,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import helpers
@@ -22,6 +23,8 @@ from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
 from transformer_jax import sharding
+from transformer_jax import steps
+from transformer_jax.sections import mesh as mesh_section
 
 TOPOLOGY = 'v4-8'  # 4 chips
 
@@ -107,6 +110,31 @@ def test_zero1_keeps_the_backward_pass_in_the_parameters_layout():
   collectives = aot.analyze_program(program, 'v5e-8').collectives
   assert 0 < collectives['all-gather'].bytes <= _param_bytes(program)
   assert collectives['all-to-all'].count == 0
+
+
+def test_the_parameters_are_donated_unless_zero1_gathers_them_on_a_tpu():
+  def mesh(devices, data, fsdp):
+    grid = np.asarray(devices[:data * fsdp]).reshape(data, fsdp, 1)
+    return jax.sharding.Mesh(grid, mesh_section.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+  tpu = aot.topology_devices(TOPOLOGY)
+  assert not steps.donates_params(mesh(tpu, 4, 1), shard_optimizer=True)
+  assert steps.donates_params(mesh(tpu, 4, 1), shard_optimizer=False)  # replicated, updated where they lie
+  assert steps.donates_params(mesh(tpu, 1, 4), shard_optimizer=True)  # FSDP: each chip updates its own shard
+  assert steps.donates_params(mesh(jax.devices('cpu'), 4, 1), shard_optimizer=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mesh', ['data', 'fsdp'])
+def test_zero1_on_a_tpu_keeps_the_parameters_buffers(mesh):
+  """The v4-8 data mesh's step (ZeRO-1) writes the new parameters to buffers of their own and the rest of the state
+  to the donated ones (`steps.donates_params`); the FSDP mesh's donates all of it."""
+  program = _train_step(small_config(mesh))
+  state = program.args[0]
+  rest, params = len(jax.tree.leaves(state.replace(params=None))), len(jax.tree.leaves(state.params))
+  text = aot.compile_program(program).as_text()
+  donated = {int(number) for number in re.findall(r'\{\d+\}: \((\d+), \{\}, may-alias\)', text)}  # input_output_alias
+  assert donated == set(range(rest + (params if mesh == 'fsdp' else 0)))  # the step's arguments: rest, params, batch
 
 
 @pytest.mark.slow

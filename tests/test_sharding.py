@@ -67,6 +67,29 @@ def one_device(setup):
   return initial, _train(setup, mesh, rules, state, shardings)
 
 
+@pytest.mark.parametrize('donate_params', [True, False])
+def test_the_train_step_donates_its_state_and_the_parameters_if_asked(setup, donate_params):
+  """The rest of the state is always donated; the parameters unless `donate_params` is off (`steps.donates_params`:
+  on a TPU with ZeRO-1). The step computes the same either way."""
+  config, model, tx, schedule, batches = setup
+  mesh, rules = _mesh(config, MESHES['dp'], jax.devices())
+
+  def step(jitted):
+    state, shardings = steps.create_sharded_state(model, tx, config.train.seed, (ROWS, 8), mesh, rules,
+                                                  shard_optimizer=True)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return state, jitted(shardings)(state, sharding.place_batch(batches[0], mesh))
+
+  state, (new, metrics) = step(lambda shardings: steps.jit_train_step(
+      model, tx, schedule, config.train, shardings, mesh, donate_params=donate_params))
+  assert all(x.is_deleted() for x in jax.tree.leaves((state.step, state.opt_state, state.rng)))
+  assert [x.is_deleted() for x in jax.tree.leaves(state.params)] == [donate_params] * len(jax.tree.leaves(new.params))
+  _, (expected, expected_metrics) = step(
+      lambda shardings: helpers.jitted_train_step(config, model, tx, schedule, shardings, mesh))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get((new.as_dict(), metrics)),
+               jax.device_get((expected.as_dict(), expected_metrics)))
+
+
 @pytest.mark.parametrize('name', list(MESHES))
 def test_meshes_train_like_one_device(setup, one_device, name):
   config, model, tx, _, _ = setup

@@ -31,7 +31,7 @@ class Run:
   schedule: optax.Schedule
   abstract_state: steps.TrainState  # ShapeDtypeStructs with their shardings
   state_shardings: steps.TrainState
-  train_step: jax.stages.Wrapped  # (state, batch) -> (state, metrics); the state is donated
+  train_step: steps.TrainStep  # (state, batch) -> (state, metrics); the state donated (`steps.donates_params`)
   eval_step: jax.stages.Wrapped  # (members, batch) -> token sums
   train_batch_shapes: tuple[dict[str, tuple[int, int]], ...]  # global shapes of every training batch
   eval_batch_shape: dict[str, tuple[int, int]]  # the widest evaluation batch
@@ -71,16 +71,17 @@ def build(config: ml_collections.ConfigDict, devices=None) -> Run:
   mesh, rules = sharding.mesh_and_rules(config.mesh, devices)
   sharding.check_batches(config, mesh)
   model, tx, schedule = steps.training_objects(config)
-  abstract, shardings = steps.abstract_state_and_shardings(
-      model, tx, config.train.seed, _init_shape(mesh), mesh, rules,
-      shard_optimizer=sharding.shards_optimizer(config.mesh.shard_optimizer, mesh))
+  shard_optimizer = sharding.shards_optimizer(config.mesh.shard_optimizer, mesh)
+  abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, _init_shape(mesh), mesh,
+                                                           rules, shard_optimizer=shard_optimizer)
   sides = ('targets',) if model.config.decoder_only else pipeline.SIDES
   process_count = len({device.process_index for device in devices})
   train_shapes = tuple(pipeline.batch_shapes(config.pipeline, sides, process_count))
   eval_shape = {key: (config.eval.batch_size, pipeline.padded_length(model.config.max_len)) for key in train_shapes[0]}
   return Run(config=config, mesh=mesh, rules=rules, model=model, tx=tx, schedule=schedule, abstract_state=abstract,
              state_shardings=shardings,
-             train_step=steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh),
+             train_step=steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh,
+                                             donate_params=steps.donates_params(mesh, shard_optimizer)),
              eval_step=steps.jit_eval_step(config.train.label_smoothing, ensemble.of_one(model, shardings.params),
                                            mesh),
              train_batch_shapes=train_shapes, eval_batch_shape=eval_shape)

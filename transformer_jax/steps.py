@@ -5,6 +5,7 @@ history and a resumed run repeats the uninterrupted one. An update whose loss, g
 not finite is not applied (the state keeps its last finite values); the loop decides whether to stop.
 """
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -167,15 +168,71 @@ def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, o
   return model, optim.make_optimizer(config.train, d_model), optim.make_schedule(config.train, d_model)
 
 
-def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, donate: bool = True):
-  """`train_step` jitted: the state keeps its shardings (and is donated), the gradients take the parameters',
-  the batch is split over data × fsdp; compiled with the XLA options of the mesh's platform (`xla_options`)."""
+def donates_params(mesh, shard_optimizer: bool) -> bool:
+  """Whether the train step donates the parameters to its result (the rest of the state it always donates): not on
+  a TPU mesh where the optimizer state is split over a `data` axis of several devices (ZeRO-1). There each step
+  gathers the updated parameters into the buffers it read them from, and the TPU compiler then copies every
+  parameter before the step (docs/step_costs.md)."""
+  return not (shard_optimizer and mesh.shape['data'] > 1 and sharding.mesh_platform(mesh) == 'tpu')
+
+
+def _parts(state: TrainState) -> tuple[TrainState, dict]:
+  """The state as the jitted step takes and returns it: the rest first, then the parameters. jax gives each donated
+  buffer to the first result of its shape and sharding, so in this order every donated buffer of the rest goes to
+  its own successor, never to a parameter (a moment may be shaped like one)."""
+  return state.replace(params=None), state.params
+
+
+def _joined(rest: TrainState, params: dict, metrics: dict) -> tuple[TrainState, dict]:
+  return rest.replace(params=params), metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stage:
+  """A TrainStep lowered or compiled: jax's stage, compiled and called with (state, batch)."""
+  stage: jax.stages.Lowered | jax.stages.Compiled
+
+  def compile(self, compiler_options: dict | None = None) -> '_Stage':
+    return _Stage(self.stage.compile(compiler_options))
+
+  def __call__(self, state: TrainState, batch: dict):
+    return _joined(*self.stage(*_parts(state), batch))
+
+  def __getattr__(self, name: str):  # as_text, cost_analysis, memory_analysis, ...
+    return getattr(self.stage, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStep:
+  """`train_step` jitted, called and lowered with (state, batch); inside, the parameters are an argument of their
+  own, so that whether they are donated is chosen apart from the rest of the state (`donates_params`)."""
+  jitted: jax.stages.Wrapped  # (the state without its parameters, the parameters, batch) -> the same and metrics
+
+  def __call__(self, state: TrainState, batch: dict):
+    return _joined(*self.jitted(*_parts(state), batch))
+
+  def lower(self, state: TrainState, batch: dict) -> _Stage:
+    return _Stage(self.jitted.lower(*_parts(state), batch))
+
+
+def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, donate: bool = True,
+                   donate_params: bool = True) -> TrainStep:
+  """`train_step` jitted: the state keeps its shardings and is donated (`donate`; its parameters only if
+  `donate_params` too: `donates_params`), the gradients take the parameters', the batch is split over data × fsdp;
+  compiled with the XLA options of the mesh's platform (`xla_options`)."""
   step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                            smoothing=train_config.label_smoothing, grad_accum_steps=train_config.grad_accum_steps,
                            param_shardings=state_shardings.params)
-  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
-                 out_shardings=(state_shardings, None), donate_argnums=0 if donate else (),
-                 compiler_options=xla_options.for_mesh(mesh))
+
+  def on_parts(rest, params, batch):
+    state, metrics = step(rest.replace(params=params), batch)
+    return *_parts(state), metrics
+
+  on_parts.__name__ = 'train_step'  # the program's name, as in its op names: jit(train_step)/...
+  donated = ((0, 1) if donate_params else (0,)) if donate else ()
+  return TrainStep(jax.jit(on_parts, in_shardings=(*_parts(state_shardings), sharding.batch_sharding(mesh)),
+                           out_shardings=(*_parts(state_shardings), None), donate_argnums=donated,
+                           compiler_options=xla_options.for_mesh(mesh)))
 
 
 def jit_eval_step(smoothing: float, members_shardings, mesh):
