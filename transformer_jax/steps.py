@@ -176,15 +176,16 @@ def donates_params(mesh, shard_optimizer: bool) -> bool:
   return not (shard_optimizer and mesh.shape['data'] > 1 and sharding.mesh_platform(mesh) == 'tpu')
 
 
-def _parts(state: TrainState) -> tuple[TrainState, dict]:
-  """The state as the jitted step takes and returns it: the rest first, then the parameters. jax gives each donated
-  buffer to the first result of its shape and sharding, so in this order every donated buffer of the rest goes to
-  its own successor, never to a parameter (a moment may be shaped like one)."""
-  return state.replace(params=None), state.params
+_FIELDS = tuple(field.name for field in dataclasses.fields(TrainState))
 
 
-def _joined(rest: TrainState, params: dict, metrics: dict) -> tuple[TrainState, dict]:
-  return rest.replace(params=params), metrics
+def _fields(state: TrainState) -> tuple:
+  """The state as the jitted step takes and returns it: each field an argument of its own, in the state's order."""
+  return tuple(getattr(state, name) for name in _FIELDS)
+
+
+def _joined(*results) -> tuple[TrainState, dict]:
+  return TrainState(*results[:-1]), results[-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +197,7 @@ class _Stage:
     return _Stage(self.stage.compile(compiler_options))
 
   def __call__(self, state: TrainState, batch: dict):
-    return _joined(*self.stage(*_parts(state), batch))
+    return _joined(*self.stage(*_fields(state), batch))
 
   def __getattr__(self, name: str):  # as_text, cost_analysis, memory_analysis, ...
     return getattr(self.stage, name)
@@ -204,15 +205,15 @@ class _Stage:
 
 @dataclasses.dataclass(frozen=True)
 class TrainStep:
-  """`train_step` jitted, called and lowered with (state, batch); inside, the parameters are an argument of their
-  own, so that whether they are donated is chosen apart from the rest of the state (`donates_params`)."""
-  jitted: jax.stages.Wrapped  # (the state without its parameters, the parameters, batch) -> the same and metrics
+  """`train_step` jitted, called and lowered with (state, batch); inside, each field of the state is an argument of
+  its own, so that whether the parameters are donated is chosen apart from the rest (`donates_params`)."""
+  jitted: jax.stages.Wrapped  # (*the state's fields, batch) -> (*the new state's fields, metrics)
 
   def __call__(self, state: TrainState, batch: dict):
-    return _joined(*self.jitted(*_parts(state), batch))
+    return _joined(*self.jitted(*_fields(state), batch))
 
   def lower(self, state: TrainState, batch: dict) -> _Stage:
-    return _Stage(self.jitted.lower(*_parts(state), batch))
+    return _Stage(self.jitted.lower(*_fields(state), batch))
 
 
 def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, donate: bool = True,
@@ -224,14 +225,14 @@ def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, 
                            smoothing=train_config.label_smoothing, grad_accum_steps=train_config.grad_accum_steps,
                            param_shardings=state_shardings.params)
 
-  def on_parts(rest, params, batch):
-    state, metrics = step(rest.replace(params=params), batch)
-    return *_parts(state), metrics
+  def on_fields(*arguments):
+    state, metrics = step(TrainState(*arguments[:-1]), arguments[-1])
+    return *_fields(state), metrics
 
-  on_parts.__name__ = 'train_step'  # the program's name, as in its op names: jit(train_step)/...
-  donated = ((0, 1) if donate_params else (0,)) if donate else ()
-  return TrainStep(jax.jit(on_parts, in_shardings=(*_parts(state_shardings), sharding.batch_sharding(mesh)),
-                           out_shardings=(*_parts(state_shardings), None), donate_argnums=donated,
+  on_fields.__name__ = 'train_step'  # the program's name, as in its op names: jit(train_step)/...
+  donated = tuple(i for i, name in enumerate(_FIELDS) if donate and (donate_params or name != 'params'))
+  return TrainStep(jax.jit(on_fields, in_shardings=(*_fields(state_shardings), sharding.batch_sharding(mesh)),
+                           out_shardings=(*_fields(state_shardings), None), donate_argnums=donated,
                            compiler_options=xla_options.for_mesh(mesh)))
 
 
