@@ -11,7 +11,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import helpers
@@ -24,7 +23,6 @@ from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
 from transformer_jax import sharding
 from transformer_jax import steps
-from transformer_jax.sections import mesh as mesh_section
 
 TOPOLOGY = 'v4-8'  # 4 chips
 
@@ -113,15 +111,14 @@ def test_zero1_keeps_the_backward_pass_in_the_parameters_layout():
 
 
 def test_the_parameters_are_donated_unless_zero1_gathers_them_on_a_tpu():
-  def mesh(devices, data, fsdp):
-    grid = np.asarray(devices[:data * fsdp]).reshape(data, fsdp, 1)
-    return jax.sharding.Mesh(grid, mesh_section.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  def mesh(preset, devices):
+    return sharding.mesh_and_rules(small_config(preset).mesh, devices)[0]
 
   tpu = aot.topology_devices(TOPOLOGY)
-  assert not steps.donates_params(mesh(tpu, 4, 1), shard_optimizer=True)
-  assert steps.donates_params(mesh(tpu, 4, 1), shard_optimizer=False)  # replicated, updated where they lie
-  assert steps.donates_params(mesh(tpu, 1, 4), shard_optimizer=True)  # FSDP: each chip updates its own shard
-  assert steps.donates_params(mesh(jax.devices('cpu'), 4, 1), shard_optimizer=True)
+  assert not steps.donates_params(mesh('data', tpu), shard_optimizer=True)
+  assert steps.donates_params(mesh('data', tpu), shard_optimizer=False)  # replicated, updated where they lie
+  assert steps.donates_params(mesh('fsdp', tpu), shard_optimizer=True)  # FSDP: each chip updates its own shard
+  assert steps.donates_params(mesh('data', jax.devices('cpu')[:4]), shard_optimizer=True)
 
 
 @pytest.mark.slow
