@@ -4,7 +4,8 @@ Compiles the config's train step at its longest batch shape for a TPU slice or a
 (`aot.longest_train_step`, the program `--compile_only` and bench/fits.py compile) and reads its optimized HLO
 with `transformer_jax.hlo_costs`: each op costed from its shapes (loop bodies × trip count, custom calls by their
 cost estimate) and attributed by its op_name. Prints one JSON line per part and a Markdown table, with XLA's own
-totals beside the breakdown's (a GPU program compiled without its GPU has none).
+totals beside the breakdown's (a GPU program compiled without its GPU has none), and each part's time op by op
+(`hlo_costs.serial_seconds`: each op at its own roofline, asynchronous copies beside them).
 
 python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=v4-8 --mesh=data \
     --set model.num_encoder_layers=2 --set model.num_decoder_layers=2
@@ -49,7 +50,8 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
   parts = hlo_costs.breakdown(ops)
-  chips = aot.get_topology(topology).num_chips
+  chips, chip = aot.get_topology(topology).num_chips, aot.get_topology(topology).chip
+  serial = lambda costs: hlo_costs.serial_seconds(costs, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
   return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
           'compile_seconds': seconds,
@@ -62,24 +64,29 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
           'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
-          'parts': [vars(p) for p in parts]}
+          'serial_seconds': serial(ops), 'peak_flops': chip.peak_flops, 'hbm_bandwidth': chip.hbm_bandwidth,
+          'parts': [vars(p) | {'serial_seconds': serial([op for op in ops if hlo_costs.part_of(op) == p.name])}
+                    for p in parts]}
 
 
 def table(record: dict) -> str:
+  ms = lambda seconds: f'{1e3 * seconds:.2f}'
   rows = [[p['name'], f'{p["bytes"] / 1e9:.2f}', f'{p["backward_bytes"] / 1e9:.2f}',
            f'{p["borrowed_bytes"] / 1e9:.2f}', f'{p["hbm_bytes"] / 1e9:.2f}',
-           f'{100 * p["bytes"] / record["bytes"]:.0f}%', f'{p["flops"] / 1e9:,.1f}', p['ops']] for p in record['parts']]
+           f'{100 * p["bytes"] / record["bytes"]:.0f}%', f'{p["flops"] / 1e9:,.1f}', ms(p['serial_seconds']), p['ops']]
+          for p in record['parts']]
   rows.append(['**all parts**', f'{record["bytes"] / 1e9:.2f}', '', '', f'{record["hbm_bytes"] / 1e9:.2f}', '100%',
-               f'{record["flops"] / 1e9:,.1f}', sum(p['ops'] for p in record['parts'])])
+               f'{record["flops"] / 1e9:,.1f}', ms(record['serial_seconds']), sum(p['ops'] for p in record['parts'])])
   if record['xla_flops'] is not None:
     rows.append(['XLA cost analysis (its loop bodies counted once)', f'{record["xla_bytes_accessed"] / 1e9:.2f}',
-                 '', '', '', '', f'{record["xla_flops"] / 1e9:,.1f}', ''])
+                 '', '', '', '', f'{record["xla_flops"] / 1e9:,.1f}', '', ''])
     rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
-                 f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', ''])
+                 f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', '', ''])
   rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '', '',
-               f'{record["model_flops_per_chip"] / 1e9:,.1f}', ''])
+               f'{record["model_flops_per_chip"] / 1e9:,.1f}', ms(record['model_flops_per_chip'] / record['peak_flops']),
+               ''])
   return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'of it HBM', 'share',
-                                'GFLOP', 'ops'], rows)
+                                'GFLOP', 'ms op by op', 'ops'], rows)
 
 
 def main(argv=None):
@@ -99,6 +106,8 @@ def main(argv=None):
   print()
   print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
+  print(f'Op by op (`hlo_costs.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
+        f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}')
   print()
   print(table(record))
 

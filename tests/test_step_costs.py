@@ -269,6 +269,15 @@ def test_bytes_in_on_chip_memory_are_not_hbm_traffic():
   assert parts['FFN'].hbm_bytes == 2 * 4 * 64  # the eviction counts with the fusion it moves
 
 
+def test_op_by_op_each_op_takes_its_own_roofline_beside_the_asynchronous_copies():
+  ops = hlo_costs.op_costs(_ON_CHIP_MODULE)
+  assert [op.asynchronous for op in ops] == [False, True]
+  # The fusion: 64 adds, 256 bytes from HBM. Memory-bound at 100 B/s (2.56 s against 0.064 s of compute), compute-
+  # bound at 10 FLOP/s (6.4 s against 0.256 s); the eviction's 256 HBM bytes run beside it either way.
+  assert hlo_costs.serial_seconds(ops, peak_flops=1e3, hbm_bandwidth=100) == pytest.approx(2.56)
+  assert hlo_costs.serial_seconds(ops, peak_flops=10, hbm_bandwidth=1e3) == pytest.approx(6.4)
+
+
 @pytest.mark.slow
 def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops():
   """One layer per side of base width for v4-8 (as tests/test_aot.py): the matmul FLOPs attributed equal the
@@ -281,6 +290,9 @@ def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops(
   assert record['bytes'] == sum(p['bytes'] for p in parts.values())
   assert record['flops'] == sum(p['flops'] for p in parts.values())
   assert record['flops'] >= record['model_flops_per_chip']  # never below the analytic count
+  # Op by op, no op is faster than its FLOPs at peak, and the parts' times add up to the step's.
+  assert record['serial_seconds'] >= record['flops'] / record['peak_flops'] * (1 - 1e-9)
+  assert record['serial_seconds'] == pytest.approx(sum(p['serial_seconds'] for p in parts.values()), rel=1e-9)
   # The program has no loops, so XLA's FLOPs count the same ops, except the attention kernels' that carry no
   # cost estimate; only elementwise conventions may differ.
   non_matmul = record['flops'] - record['model_flops_per_chip']

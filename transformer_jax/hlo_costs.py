@@ -167,6 +167,7 @@ class OpCost:
   estimated: bool = True  # False: a custom call without a cost estimate (FLOPs only for ATTENTION_KERNELS, GEMMs)
   borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
   hbm_bytes: float = 0.0  # of `bytes`, those read from or written to HBM (not an on-chip memory space)
+  asynchronous: bool = False  # True: the end ('-done') of a copy or collective that runs beside other ops
 
   @property
   def total_bytes(self) -> float:
@@ -482,7 +483,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
         start = by_name.get(i.operands[0]) if i.operands else None
         source = types.get(start.operands[0], '') if start is not None and start.operands else i.type
         costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count,
-                            hbm_bytes=hbm_written + (written if all(_in_hbm(source)) else 0)))
+                            hbm_bytes=hbm_written + (written if all(_in_hbm(source)) else 0), asynchronous=True))
       else:
         flops, transcendentals = _flops([*(Instruction(o, t, 'parameter', (), '', '', '')
                                            for o, t in zip(i.operands, operand_types)), i], computations)
@@ -536,6 +537,14 @@ def part_of(op: OpCost) -> str:
 
 def is_backward(op: OpCost) -> bool:
   return 'transpose(' in op.op_name or _attention_kernel(op.op_name)[1]
+
+
+def serial_seconds(costs: list[OpCost], peak_flops: float, hbm_bandwidth: float) -> float:
+  """The ops' time run one after another, each at max(its FLOPs / peak, its HBM bytes / bandwidth), asynchronous
+  copies and collectives beside them: the roofline op by op. The whole program's roofline lets any op's FLOPs hide
+  any other's bytes, so it cannot see a change that trades bytes for FLOPs within compute-bound ops; this can."""
+  return sum(op.count * max(op.flops / peak_flops, op.hbm_bytes / hbm_bandwidth)
+             for op in costs if not op.asynchronous)
 
 
 @dataclasses.dataclass(frozen=True)
