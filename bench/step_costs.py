@@ -50,7 +50,8 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
   parts = hlo_costs.breakdown(ops)
-  chips, chip = aot.get_topology(topology).num_chips, aot.get_topology(topology).chip
+  target = aot.get_topology(topology)
+  chips, chip = target.num_chips, target.chip
   serial = lambda costs: hlo_costs.serial_seconds(costs, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
   return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
