@@ -66,6 +66,7 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
           'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
           'serial_seconds': serial(ops), 'peak_flops': chip.peak_flops, 'hbm_bandwidth': chip.hbm_bandwidth,
+          'integer_ops': sum(p.integer_ops for p in parts),
           'parts': [vars(p) | {'serial_seconds': serial([op for op in ops if hlo_costs.part_of(op) == p.name])}
                     for p in parts]}
 
@@ -108,7 +109,9 @@ def main(argv=None):
   print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
   print(f'Op by op (`hlo_costs.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
-        f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}')
+        f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
+        f'{record["integer_ops"] / 1e9:,.1f} G are element-wise ops on integers (random bits), which a TPU runs on '
+        'its vector units, not at the peak counted here')
   print()
   print(table(record))
 

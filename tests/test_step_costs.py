@@ -278,6 +278,37 @@ def test_op_by_op_each_op_takes_its_own_roofline_beside_the_asynchronous_copies(
   assert hlo_costs.serial_seconds(ops, peak_flops=10, hbm_bandwidth=1e3) == pytest.approx(6.4)
 
 
+# Dropout's mask as the TPU program draws it inside the op that uses it: integer bit work, then a float select.
+_RANDOM_BITS_MODULE = """HloModule r, is_scheduled=true
+
+%fused_mask (param_0: u32[16], param_1: f32[16]) -> f32[16] {
+  %param_0 = u32[16]{0} parameter(0)
+  %param_1 = f32[16]{0} parameter(1)
+  %nine = u32[] constant(9)
+  %nines = u32[16]{0} broadcast(%nine), dimensions={}
+  %shifted = u32[16]{0} shift-right-logical(%param_0, %nines)
+  %mixed = u32[16]{0} xor(%shifted, %param_0)
+  %kept = pred[16]{0} compare(%mixed, %nines), direction=GT
+  %zero = f32[] constant(0)
+  %zeros = f32[16]{0} broadcast(%zero), dimensions={}
+  ROOT %dropped = f32[16]{0} select(%kept, %param_1, %zeros)
+}
+
+ENTRY %main (bits: u32[16], x: f32[16]) -> f32[16] {
+  %bits = u32[16]{0} parameter(0)
+  %x = f32[16]{0} parameter(1)
+  ROOT %masked = f32[16]{0} fusion(%bits, %x), kind=kLoop, calls=%fused_mask, metadata={op_name="jit(f)/ffn/Dropout_0/select_n"}
+}
+"""
+
+
+def test_element_wise_ops_on_integers_are_counted_apart():
+  (op,) = hlo_costs.op_costs(_RANDOM_BITS_MODULE)
+  assert op.flops == 4 * 16  # the shift, the xor, the comparison and the select, one per element each
+  assert op.integer_ops == 2 * 16  # of them the shift and the xor make integers
+  assert hlo_costs.breakdown([op])[0].integer_ops == 2 * 16
+
+
 @pytest.mark.slow
 def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops():
   """One layer per side of base width for v4-8 (as tests/test_aot.py): the matmul FLOPs attributed equal the
@@ -293,6 +324,9 @@ def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops(
   # Op by op, no op is faster than its FLOPs at peak, and the parts' times add up to the step's.
   assert record['serial_seconds'] >= record['flops'] / record['peak_flops'] * (1 - 1e-9)
   assert record['serial_seconds'] == pytest.approx(sum(p['serial_seconds'] for p in parts.values()), rel=1e-9)
+  # Dropout's random bits (the model's residual dropout, drawn on the TPU inside the ops that use them) are among
+  # the FLOPs beyond the matmuls'.
+  assert 0 < record['integer_ops'] <= record['flops'] - record['model_flops_per_chip']
   # The program has no loops, so XLA's FLOPs count the same ops, except the attention kernels' that carry no
   # cost estimate; only elementwise conventions may differ.
   non_matmul = record['flops'] - record['model_flops_per_chip']

@@ -168,6 +168,7 @@ class OpCost:
   borrowed: bool = False  # True: no op_name of its own; the one of the op it feeds (or that feeds it)
   hbm_bytes: float = 0.0  # of `bytes`, those read from or written to HBM (not an on-chip memory space)
   asynchronous: bool = False  # True: the end ('-done') of a copy or collective that runs beside other ops
+  integer_ops: float = 0.0  # of `flops`, element-wise ops on integers (random bits): vector-unit work, not matmuls
 
   @property
   def total_bytes(self) -> float:
@@ -180,6 +181,10 @@ class OpCost:
   @property
   def total_hbm_bytes(self) -> float:
     return self.hbm_bytes * self.count
+
+  @property
+  def total_integer_ops(self) -> float:
+    return self.integer_ops * self.count
 
 
 # Attention kernels that carry no cost estimate (jax's splash-attention kernels, `flash_attention.py`), by the
@@ -291,10 +296,14 @@ def _contraction(instruction: Instruction, types: dict[str, str]) -> float:
   return features * taps
 
 
-def _flops(computation: list[Instruction], computations: dict) -> tuple[float, float]:
-  """(FLOPs, transcendentals) of one evaluation of a computation (fusions inside it included)."""
+_INTEGER_RE = re.compile(r'^\(?[us]\d+\[')  # an array of (un)signed integers
+
+
+def _flops(computation: list[Instruction], computations: dict) -> tuple[float, float, float]:
+  """(FLOPs, transcendentals, of the FLOPs the element-wise ops on integers) of one evaluation of a computation
+  (fusions inside it included)."""
   types = {i.name: i.type for i in computation}
-  flops = transcendentals = 0.0
+  flops = transcendentals = integer = 0.0
   for i in computation:
     if i.opcode in ('dot', 'convolution'):
       flops += 2.0 * _elements(i.type) * _contraction(i, types)
@@ -302,14 +311,15 @@ def _flops(computation: list[Instruction], computations: dict) -> tuple[float, f
       transcendentals += _elements(i.type)
     elif i.opcode in _ELEMENTWISE:
       flops += _elements(i.type)
+      integer += _elements(i.type) if _INTEGER_RE.match(i.type) else 0
     elif i.opcode in ('reduce', 'reduce-window'):
       reducer = computations.get(_called(i, 'to_apply'), [])
       per_element = sum(1 for r in reducer if r.opcode in _ELEMENTWISE) or 1
       flops += per_element * sum(_elements(types[o]) for o in i.operands[:len(i.operands) // 2])
     elif i.opcode == 'fusion':
       inner = _flops(computations[_called(i, 'calls')], computations)
-      flops, transcendentals = flops + inner[0], transcendentals + inner[1]
-  return flops, transcendentals
+      flops, transcendentals, integer = flops + inner[0], transcendentals + inner[1], integer + inner[2]
+  return flops, transcendentals, integer
 
 
 def _fusion_reads(fused: list[Instruction], operand_types: list[str]) -> tuple[float, float]:
@@ -453,13 +463,13 @@ def op_costs(hlo_text: str) -> list[OpCost]:
       read, hbm_read = _traffic(operand_types)
       if i.opcode == 'fusion':
         fused = computations[_called(i, 'calls')]
-        flops, transcendentals = _flops(fused, computations)
+        flops, transcendentals, integer = _flops(fused, computations)
         per_array = _written(fused[-1], {f.name: f for f in fused})  # the ROOT: the last line printed
         written = sum(per_array)
         hbm_written = sum(n for n, hbm in zip(per_array, _in_hbm(i.type)) if hbm)
         read, hbm_read = _fusion_reads(fused, operand_types)
         costs.append(OpCost(i.name, 'fusion', i.op_name, read + written, flops, transcendentals, count,
-                            hbm_bytes=hbm_read + hbm_written))
+                            hbm_bytes=hbm_read + hbm_written, integer_ops=integer))
       elif i.opcode == 'custom-call':
         estimate = _COST_RE.search(i.attributes)
         target = _TARGET_RE.search(i.attributes)
@@ -485,10 +495,10 @@ def op_costs(hlo_text: str) -> list[OpCost]:
         costs.append(OpCost(i.name, i.opcode.removesuffix('-done'), i.op_name, 2 * written, 0.0, 0.0, count,
                             hbm_bytes=hbm_written + (written if all(_in_hbm(source)) else 0), asynchronous=True))
       else:
-        flops, transcendentals = _flops([*(Instruction(o, t, 'parameter', (), '', '', '')
-                                           for o, t in zip(i.operands, operand_types)), i], computations)
+        flops, transcendentals, integer = _flops([*(Instruction(o, t, 'parameter', (), '', '', '')
+                                                    for o, t in zip(i.operands, operand_types)), i], computations)
         costs.append(OpCost(i.name, i.opcode, i.op_name, read + written, flops, transcendentals, count,
-                            hbm_bytes=hbm_read + hbm_written))
+                            hbm_bytes=hbm_read + hbm_written, integer_ops=integer))
   moves = set()
   visit(entry, 1)
   return [dataclasses.replace(c, borrowed=True) if c.name in moves else c for c in costs]
@@ -557,6 +567,7 @@ class Part:
   borrowed_bytes: float  # of ops without op_name of their own (memory moves, layout copies): see `_borrowed_names`
   ops: int
   hbm_bytes: float  # read from or written to HBM; the rest stays in on-chip memory (a TPU's CMEM or VMEM)
+  integer_ops: float  # of the FLOPs, element-wise ops on integers (`OpCost.integer_ops`)
 
 
 def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> list[Part]:
@@ -564,9 +575,9 @@ def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> l
   sums = {}
   for op in costs:
     name = part(op)
-    b, f, bb, bf, mb, n, hb = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0))
+    b, f, bb, bf, mb, n, hb, io = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0))
     back = is_backward(op)
     sums[name] = (b + op.total_bytes, f + op.total_flops, bb + back * op.total_bytes, bf + back * op.total_flops,
-                  mb + op.borrowed * op.total_bytes, n + 1, hb + op.total_hbm_bytes)
+                  mb + op.borrowed * op.total_bytes, n + 1, hb + op.total_hbm_bytes, io + op.total_integer_ops)
   order = {name: i for i, name in enumerate(PARTS)}
   return [Part(name, *values) for name, values in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order)))]
