@@ -22,6 +22,7 @@ from collections.abc import Callable
 _ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?')
 _ITEM_BITS = {'pred': 8, 'bf16': 16}
 _ON_CHIP_RE = re.compile(r'S\([1-9]\d*\)')  # a layout's memory space other than HBM's (0): CMEM, VMEM, SMEM
+_INTEGER_RE = re.compile(r'^\(?[us]\d+\[')  # the type of an array of (un)signed integers
 
 
 def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -294,9 +295,6 @@ def _contraction(instruction: Instruction, types: dict[str, str]) -> float:
                 and p % lhs_dilate[k] == 0)
     taps *= valid / out_n
   return features * taps
-
-
-_INTEGER_RE = re.compile(r'^\(?[us]\d+\[')  # an array of (un)signed integers
 
 
 def _flops(computation: list[Instruction], computations: dict) -> tuple[float, float, float]:
