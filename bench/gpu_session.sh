@@ -74,7 +74,10 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   if (( left > 90 )); then
     throughput "$((left - 20))" base_dropout_profile --configs=base --impls=ours --rounds=1 --steps=2 \
       --override="$dropout" --profile_dir=/tmp/profile --xla_flags=--xla_gpu_enable_command_buffer=
-    timeout 20 python3 -m bench.step_profile /tmp/profile/base_ours --steps=3 2>&1 | tee "$out/base_dropout_parts.log"
+    local chip  # the GPU's key in aot.CHIPS, for each part's op-by-op bound
+    chip=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -m1 'a100\|h100\|h200' | tr 'A-Z' 'a-z')
+    timeout 20 python3 -m bench.step_profile /tmp/profile/base_ours --steps=3 --chip="${chip:-h100}" 2>&1 \
+      | tee "$out/base_dropout_parts.log"
   fi
 }
 

@@ -4,9 +4,10 @@ Reads what `bench.train_throughput --profile_dir=DIR` writes for one of our runn
 compiled step's optimized HLO and the jax.profiler trace of a few steps. Each GPU kernel names the HLO op that
 launched it (profile with `--xla_flags=--xla_gpu_enable_command_buffer=`: inside a CUDA graph they name the graph
 instead); `hlo_costs` attributes that op to a part of the model from its op_name, as bench.step_costs does for a
-TPU program, and costs its bytes and FLOPs, so each part's time sits beside what it moves and computes.
+TPU program, and costs its bytes and FLOPs, so each part's time sits beside what it moves and computes, and beside
+its ops' rooflines op by op on the chip profiled (`hlo_costs.serial_seconds`): how far each part is from its bound.
 
-python -m bench.step_profile /tmp/prof/base_ours --steps=3
+python -m bench.step_profile /tmp/prof/base_ours --steps=3 --chip=h100
 """
 
 import argparse
@@ -17,6 +18,7 @@ import json
 import os
 
 from bench import common
+from transformer_jax import aot
 from transformer_jax import hlo_costs
 
 UNKNOWN = 'not in the HLO (no op named)'
@@ -38,8 +40,9 @@ def kernel_times(trace_path: str) -> dict[str, float]:
   return times
 
 
-def profile_parts(folder: str, steps: int) -> list[dict]:
-  """One record per part: device ms per step, its share, and the compiled bytes and FLOPs of its ops."""
+def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
+  """One record per part: device ms per step, its share, the compiled bytes and FLOPs of its ops, and their time op
+  by op on `chip` (a key of `aot.CHIPS`)."""
   traces = sorted(glob.glob(os.path.join(folder, 'plugins', 'profile', '*', 'perfetto_trace.json.gz')))
   if not traces:
     raise SystemExit(f'{folder}: no plugins/profile/*/perfetto_trace.json.gz; run bench.train_throughput '
@@ -62,6 +65,9 @@ def profile_parts(folder: str, steps: int) -> list[dict]:
     ms[part] += us / steps / 1e3
     kernel_ops[part] += 1
   compiled = {p.name: p for p in hlo_costs.breakdown(costs)}  # bytes and FLOPs per part, in PARTS order
+  peak, bandwidth = aot.CHIPS[chip].peak_flops, aot.CHIPS[chip].hbm_bandwidth
+  bound_ms = {name: 1e3 * hlo_costs.serial_seconds([op for op in costs if part_of[op.name] == name], peak, bandwidth)
+              for name in compiled}
   total_ms = sum(ms.values())
   records = []
   for name in [*compiled, *(n for n in ms if n not in compiled)]:
@@ -69,25 +75,28 @@ def profile_parts(folder: str, steps: int) -> list[dict]:
     t = ms[name]
     records.append({'part': name, 'ms_per_step': t, 'share': t / total_ms, 'bytes': b, 'flops': fl,
                     'kernel_ops': kernel_ops[name], 'gb_per_s': b / t / 1e6 if t else None,
-                    'tflop_per_s': fl / t / 1e9 if t else None})
+                    'tflop_per_s': fl / t / 1e9 if t else None, 'bound_ms': bound_ms.get(name)})
   return records
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('folder', help='a <config>_<impl> folder of bench.train_throughput --profile_dir')
   p.add_argument('--steps', type=int, default=3, help='steps in the trace (train_throughput --profile_steps)')
+  p.add_argument('--chip', default='h100', choices=list(aot.CHIPS), help='the chip profiled, for the op-by-op bound')
   args = p.parse_args(argv)
-  records = profile_parts(args.folder, args.steps)
+  records = profile_parts(args.folder, args.steps, args.chip)
   rows = []
   for r in records:
-    common.emit({'bench': 'step_profile', 'folder': args.folder, **r})
+    common.emit({'bench': 'step_profile', 'folder': args.folder, 'chip': args.chip, **r})
+    bound = r['bound_ms']
     rows.append([r['part'], r['ms_per_step'], f"{100 * r['share']:.1f}%", r['bytes'] / 1e9, r['flops'] / 1e12,
-                 r['gb_per_s'] or '', r['tflop_per_s'] or ''])
-  total = sum(r['ms_per_step'] for r in records)
+                 r['gb_per_s'] or '', r['tflop_per_s'] or '', '' if bound is None else bound,
+                 f"{r['ms_per_step'] / bound:.1f}×" if bound else ''])
+  total, bound = sum(r['ms_per_step'] for r in records), sum(r['bound_ms'] or 0 for r in records)
   rows.append(['**device time per step**', total, '100%', sum(r['bytes'] for r in records) / 1e9,
-               sum(r['flops'] for r in records) / 1e12, '', ''])
+               sum(r['flops'] for r in records) / 1e12, '', '', bound, f'{total / bound:.1f}×' if bound else ''])
   print(common.markdown_table(['part', 'ms per step', 'share', 'GB (compiled)', 'TFLOP (compiled)', 'GB/s',
-                               'TFLOP/s'], rows))
+                               'TFLOP/s', 'ms op by op', 'measured / op by op'], rows))
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ import pytest
 import helpers
 from bench import step_costs
 from bench import step_profile
+from transformer_jax import aot
 from transformer_jax import hlo_costs
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
@@ -391,6 +392,14 @@ def test_step_profile_sums_each_parts_kernel_time_per_step(tmp_path):
   assert loss['flops'] == 2 * 6 * 4 * 5 and loss['kernel_ops'] == 1
   assert parts[step_profile.UNKNOWN]['ms_per_step'] == pytest.approx(0.002)  # kept, not dropped
   assert sum(r['share'] for r in parts.values()) == pytest.approx(1.0)
+  # Beside each part, its ops' rooflines on the chip named: the matmul's 240 FLOPs at the H100's peak or its bytes
+  # (operands, product and cuBLAS's 1 KiB workspace) at its bandwidth, whichever takes longer (the bytes); an op no
+  # part holds has none.
+  gemm_bytes = 2 * (6 * 5 + 4 * 5 + 6 * 4) + 1024
+  assert loss['bound_ms'] == pytest.approx(1e3 * gemm_bytes / aot.CHIPS['h100'].hbm_bandwidth)
+  assert parts[step_profile.UNKNOWN]['bound_ms'] is None
+  on_an_h200 = {r['part']: r for r in step_profile.profile_parts(folder, steps=2, chip='h200')}
+  assert on_an_h200['pre-softmax layer + loss']['bound_ms'] < loss['bound_ms']  # 4.8 TB/s against 3.35
 
 
 def test_step_profile_refuses_cuda_graph_traces_and_a_folder_without_its_hlo(tmp_path):
