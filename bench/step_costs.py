@@ -52,7 +52,7 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   parts = hlo_costs.breakdown(ops)
   target = aot.get_topology(topology)
   chips, chip = target.num_chips, target.chip
-  serial = lambda costs: hlo_costs.serial_seconds(costs, chip.peak_flops, chip.hbm_bandwidth)
+  serial = hlo_costs.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
   return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
           'compile_seconds': seconds,
@@ -65,10 +65,9 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
           'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
-          'serial_seconds': serial(ops), 'peak_flops': chip.peak_flops, 'hbm_bandwidth': chip.hbm_bandwidth,
+          'serial_seconds': sum(serial.values()), 'peak_flops': chip.peak_flops, 'hbm_bandwidth': chip.hbm_bandwidth,
           'integer_ops': sum(p.integer_ops for p in parts),
-          'parts': [vars(p) | {'serial_seconds': serial([op for op in ops if hlo_costs.part_of(op) == p.name])}
-                    for p in parts]}
+          'parts': [vars(p) | {'serial_seconds': serial.get(p.name, 0.0)} for p in parts]}
 
 
 def table(record: dict) -> str:

@@ -65,9 +65,8 @@ def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
     ms[part] += us / steps / 1e3
     kernel_ops[part] += 1
   compiled = {p.name: p for p in hlo_costs.breakdown(costs)}  # bytes and FLOPs per part, in PARTS order
-  peak, bandwidth = aot.CHIPS[chip].peak_flops, aot.CHIPS[chip].hbm_bandwidth
-  bound_ms = {name: 1e3 * hlo_costs.serial_seconds([op for op in costs if part_of[op.name] == name], peak, bandwidth)
-              for name in compiled}
+  bound = hlo_costs.serial_seconds_by_part(costs, aot.CHIPS[chip].peak_flops, aot.CHIPS[chip].hbm_bandwidth,
+                                          lambda op: part_of[op.name])
   total_ms = sum(ms.values())
   records = []
   for name in [*compiled, *(n for n in ms if n not in compiled)]:
@@ -75,7 +74,8 @@ def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
     t = ms[name]
     records.append({'part': name, 'ms_per_step': t, 'share': t / total_ms, 'bytes': b, 'flops': fl,
                     'kernel_ops': kernel_ops[name], 'gb_per_s': b / t / 1e6 if t else None,
-                    'tflop_per_s': fl / t / 1e9 if t else None, 'bound_ms': bound_ms.get(name)})
+                    'tflop_per_s': fl / t / 1e9 if t else None,
+                    'bound_ms': 1e3 * bound.get(name, 0.0) if name in compiled else None})
   return records
 
 def main(argv=None):

@@ -551,8 +551,18 @@ def serial_seconds(costs: list[OpCost], peak_flops: float, hbm_bandwidth: float)
   """The ops' time run one after another, each at max(its FLOPs / peak, its HBM bytes / bandwidth), asynchronous
   copies and collectives beside them: the roofline op by op. The whole program's roofline lets any op's FLOPs hide
   any other's bytes, so it cannot see a change that trades bytes for FLOPs within compute-bound ops; this can."""
-  return sum(op.count * max(op.flops / peak_flops, op.hbm_bytes / hbm_bandwidth)
-             for op in costs if not op.asynchronous)
+  return sum(serial_seconds_by_part(costs, peak_flops, hbm_bandwidth, lambda op: '').values())
+
+
+def serial_seconds_by_part(costs: list[OpCost], peak_flops: float, hbm_bandwidth: float,
+                           part: Callable[[OpCost], str] = part_of) -> dict[str, float]:
+  """`serial_seconds` of each part's ops, in one pass."""
+  seconds = {}
+  for op in costs:
+    if not op.asynchronous:
+      name = part(op)
+      seconds[name] = seconds.get(name, 0.0) + op.count * max(op.flops / peak_flops, op.hbm_bytes / hbm_bandwidth)
+  return seconds
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,8 +184,9 @@ def _fields(state: TrainState) -> tuple:
   return tuple(getattr(state, name) for name in _FIELDS)
 
 
-def _joined(*results) -> tuple[TrainState, dict]:
-  return TrainState(*results[:-1]), results[-1]
+def _joined(*values) -> tuple[TrainState, dict]:
+  """(*the state's fields, one more value) as (state, that value): the step's arguments or its results."""
+  return TrainState(*values[:-1]), values[-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +227,7 @@ def jit_train_step(model, tx, schedule, train_config, state_shardings, mesh, *, 
                            param_shardings=state_shardings.params)
 
   def on_fields(*arguments):
-    state, metrics = step(TrainState(*arguments[:-1]), arguments[-1])
+    state, metrics = step(*_joined(*arguments))
     return *_fields(state), metrics
 
   on_fields.__name__ = 'train_step'  # the program's name, as in its op names: jit(train_step)/...
