@@ -19,8 +19,9 @@ from transformer_jax import dropout_masks
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
 
-_FORWARD_ROWS, _BACKWARD_ROWS = 16, 32  # rows a program at most: the backward's scale and bias gradients are one
-# row of partial sums a program
+_ELEMENTS = 2048  # of a [rows, d_model] block a program (forward) or a loop step (backward) takes at most: 16 a
+# thread of 4 warps, which Triton holds in registers (ptxas -v; bench/RESULTS.md)
+_BACKWARD_ROWS = 32  # rows a backward program at most: the scale and bias gradients are one row of partial sums a program
 
 
 def serves(x) -> bool:
@@ -32,6 +33,16 @@ def serves(x) -> bool:
 def _block_rows(rows: int, most: int) -> int:
   """The largest power of two up to `most` that divides `rows`: blocks that tile the rows exactly."""
   return next(b for b in (most >> i for i in range(most.bit_length())) if rows % b == 0)
+
+
+def _step_rows(rows: int, d: int) -> int:
+  """Rows of width d a block of at most `_ELEMENTS` holds (at least one), tiling `rows` exactly."""
+  return _block_rows(rows, max(1, _ELEMENTS // d))
+
+
+def _compiler_params(rows: int, d: int):
+  """4 warps, more for rows wider than `_ELEMENTS`, so that no thread holds more than 16 of a block's elements."""
+  return plgpu.CompilerParams(num_warps=min(16, max(4, rows * d // 512)), num_stages=1)
 
 
 def _kept(scalars_ref, first_row, shape, keep: float):
@@ -61,23 +72,28 @@ def _forward_kernel(scalars_ref, x_ref, y_ref, scale_ref, bias_ref, out_ref, z_r
 
 
 def _backward_kernel(scalars_ref, dout_ref, z_ref, mean_ref, rstd_ref, scale_ref, dz_ref, dy_ref, dscale_ref,
-                     dbias_ref, *, keep: float):
-  """A block of rows' gradients: dz (the residual's) and dy (dz where dropout kept y, scaled), from z and its
-  statistics; and the block's sums of the scale's and bias's gradients."""
-  dout = dout_ref[...].astype(jnp.float32)
-  mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
-  xhat = (z_ref[...].astype(jnp.float32) - mean) * rstd
-  g = dout * scale_ref[...][None, :]
-  d = dout.shape[1]
-  dz = rstd * (g - jnp.sum(g, axis=1, keepdims=True) / d - xhat * (jnp.sum(g * xhat, axis=1, keepdims=True) / d))
-  dz = dz.astype(dz_ref.dtype)
-  dy = (dz.astype(jnp.float32) / keep).astype(dy_ref.dtype)
-  if keep < 1.0:
-    kept = _kept(scalars_ref, scalars_ref[2] + pl.program_id(0) * dout.shape[0], dout.shape, keep)
-    dy = jnp.where(kept, dy, jnp.zeros_like(dy))
-  dz_ref[...], dy_ref[...] = dz, dy
-  dscale_ref[...] = jnp.sum(dout * xhat, axis=0)
-  dbias_ref[...] = jnp.sum(dout, axis=0)
+                     dbias_ref, *, keep: float, step: int):
+  """A block of rows' gradients, `step` rows at a time: dz (the residual's) and dy (dz where dropout kept y,
+  scaled), from z and its statistics; and the block's sums of the scale's and bias's gradients."""
+  block, d = dout_ref.shape
+  scale, first_row = scale_ref[...][None, :], scalars_ref[2] + pl.program_id(0) * block
+
+  def rows(i, sums):
+    at = pl.ds(i * step, step)
+    dout = dout_ref[at, :].astype(jnp.float32)
+    mean, rstd = mean_ref[at][:, None], rstd_ref[at][:, None]
+    xhat = (z_ref[at, :].astype(jnp.float32) - mean) * rstd
+    g = dout * scale
+    dz = rstd * (g - jnp.sum(g, axis=1, keepdims=True) / d - xhat * (jnp.sum(g * xhat, axis=1, keepdims=True) / d))
+    dz = dz.astype(dz_ref.dtype)
+    dy = (dz.astype(jnp.float32) / keep).astype(dy_ref.dtype)
+    if keep < 1.0:
+      dy = jnp.where(_kept(scalars_ref, first_row + i * step, (step, d), keep), dy, jnp.zeros_like(dy))
+    dz_ref[at, :], dy_ref[at, :] = dz, dy
+    return sums[0] + jnp.sum(dout * xhat, axis=0), sums[1] + jnp.sum(dout, axis=0)
+
+  zeros = jnp.zeros((d,), jnp.float32)
+  dscale_ref[...], dbias_ref[...] = jax.lax.fori_loop(0, block // step, rows, (zeros, zeros))
 
 
 def _per_device(local, x, *args, batched: int, outputs: int):
@@ -111,7 +127,7 @@ def _forward(x, y, scale, bias, words, keep, eps, dtype):
 
   def local(x, y, scale, bias, words, batch_index):
     rows = x.shape[0] * length
-    block = _block_rows(rows, _FORWARD_ROWS)
+    block = _step_rows(rows, d)
     row_block, row_stats = pl.BlockSpec((block, d), lambda i: (i, 0)), pl.BlockSpec((block,), lambda i: (i,))
     vector = pl.BlockSpec((d,), lambda i: (0,))
     stats = jax.ShapeDtypeStruct((rows,), jnp.float32)
@@ -120,7 +136,7 @@ def _forward(x, y, scale, bias, words, keep, eps, dtype):
         in_specs=[pl.BlockSpec((3,), lambda i: (0,)), row_block, row_block, vector, vector],
         out_specs=[row_block, row_block, row_stats, row_stats],
         out_shape=[jax.ShapeDtypeStruct((rows, d), dtype), jax.ShapeDtypeStruct((rows, d), x.dtype), stats, stats],
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=pallas_mode.interpreting(),
+        compiler_params=_compiler_params(block, d), interpret=pallas_mode.interpreting(),
         name='residual_norm_fwd')(_scalars(words, batch_index, length), x.reshape(rows, d), y.reshape(rows, d),
                                   scale.astype(jnp.float32), bias.astype(jnp.float32))
     local_shape = (x.shape[0], length)
@@ -142,16 +158,16 @@ def _residual_norm_bwd(keep, eps, dtype, residuals, dout):
   def local(dout, z, mean, rstd, scale, words, batch_index):
     rows = z.shape[0] * length
     block = _block_rows(rows, _BACKWARD_ROWS)
-    blocks = rows // block
+    blocks, step = rows // block, _step_rows(block, d)
     row_block, row_stats = pl.BlockSpec((block, d), lambda i: (i, 0)), pl.BlockSpec((block,), lambda i: (i,))
     partial_sums = pl.BlockSpec((None, d), lambda i: (i, 0))
     dz, dy, dscale, dbias = pl.pallas_call(
-        functools.partial(_backward_kernel, keep=keep), grid=(blocks,),
+        functools.partial(_backward_kernel, keep=keep, step=step), grid=(blocks,),
         in_specs=[pl.BlockSpec((3,), lambda i: (0,)), row_block, row_block, row_stats, row_stats,
                   pl.BlockSpec((d,), lambda i: (0,))],
         out_specs=[row_block, row_block, partial_sums, partial_sums],
         out_shape=[jax.ShapeDtypeStruct((rows, d), z.dtype)] * 2 + [jax.ShapeDtypeStruct((blocks, d), jnp.float32)] * 2,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=pallas_mode.interpreting(),
+        compiler_params=_compiler_params(step, d), interpret=pallas_mode.interpreting(),
         name='residual_norm_bwd')(_scalars(words, batch_index, length), dout.reshape(rows, d), z.reshape(rows, d),
                                   mean.reshape(rows), rstd.reshape(rows), scale.astype(jnp.float32))
     return dz.reshape(z.shape), dy.reshape(z.shape), dscale, dbias
