@@ -72,12 +72,14 @@ def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, out_dtype,
     np.testing.assert_array_equal(np.asarray(got[2]) == 0, np.asarray(want[2]) == 0)
 
 
-@pytest.mark.parametrize('d_model', [32, 48])
-def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeypatch, d_model):
+@pytest.mark.parametrize('d_model, kernel', [(32, True), (48, True), (32, False)])
+def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeypatch, d_model, kernel):
   """On a GPU a post-LN model's residual blocks run the kernels where d_model is a power of two (else XLA's
-  ops), with LayerNorm's parameters: the same logits and gradients as XLA's path."""
+  ops) unless `model.residual_norm_kernel` is off, with LayerNorm's parameters: the same logits and gradients as
+  XLA's path."""
   config = ModelConfig(vocab_size=40, d_model=d_model, d_ff=64, num_heads=4, num_encoder_layers=1,
-                       num_decoder_layers=1, dropout=0.0, max_len=64, attention='reference', cpu_kernels='off')
+                       num_decoder_layers=1, dropout=0.0, max_len=64, attention='reference', cpu_kernels='off',
+                       residual_norm_kernel=kernel)
   inputs, targets = helpers.tokens(0, (2, 7), [7, 5]), helpers.tokens(1, (2, 9), [9, 4])
   model = Transformer(config)
   params = nn.unbox(model.init(jax.random.key(0), inputs, targets)['params'])
@@ -90,7 +92,7 @@ def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeyp
     assert jax.tree.structure(gpu_params) == jax.tree.structure(params)
     kernels = [eqn.params['name'] for eqn in helpers.equations(jax.make_jaxpr(loss)(params).jaxpr)
                if eqn.primitive.name == 'pallas_call']
-    assert kernels == (['residual_norm_fwd'] * 5 if d_model == 32 else [])  # 2 encoder, 3 decoder blocks
+    assert kernels == (['residual_norm_fwd'] * 5 if d_model == 32 and kernel else [])  # 2 encoder, 3 decoder blocks
     got = run()
   np.testing.assert_allclose(got[0], expected[0], atol=1e-5, rtol=1e-5)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):

@@ -39,7 +39,7 @@ from transformer_jax.workdir import Workdir
 # What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
 # runtime choices (same parameters, other computation or layer layout). Everything else is fixed by the training run.
 EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
-                   'model.cpu_kernels', 'model.scan_layers')
+                   'model.cpu_kernels', 'model.residual_norm_kernel', 'model.scan_layers')
 
 
 def base_config() -> ml_collections.ConfigDict:

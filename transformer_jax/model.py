@@ -350,7 +350,8 @@ class Residual(nn.Module):
   def __call__(self, x, sublayer):
     cfg = self.config
     dropout = Dropout(cfg, cfg.dropout)
-    if cfg.norm == 'post' and sharding.target_platform() == 'gpu' and residual_norm.serves(x):
+    if (cfg.residual_norm_kernel and cfg.norm == 'post' and sharding.target_platform() == 'gpu'
+        and residual_norm.serves(x)):
       y = sublayer(x)  # then one kernel a pass adds, drops and normalises (residual_norm.py)
       scale, bias = NormParams(cfg, name='norm')(x.shape[-1])
       summed = jnp.result_type(x, y)  # the dtype x + dropout(y) has
