@@ -5,19 +5,23 @@ Compiles the config's train step at its longest batch shape for a TPU slice or a
 with `transformer_jax.hlo_costs`: each op costed from its shapes (loop bodies × trip count, custom calls by their
 cost estimate) and attributed by its op_name. Prints one JSON line per part and a Markdown table, with XLA's own
 totals beside the breakdown's (a GPU program compiled without its GPU has none), and each part's time op by op
-(`hlo_costs.serial_seconds`: each op at its own roofline, asynchronous copies beside them).
+(`hlo_costs.serial_seconds`: each op at its own roofline, asynchronous copies beside them). For a GPU, --registers
+adds each Pallas kernel's registers and spills (`bench.kernel_registers`: ptxas -v), which no byte count shows.
 
 python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=v4-8 --mesh=data \
     --set model.num_encoder_layers=2 --set model.num_decoder_layers=2
 JAX_PLATFORMS=cpu python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=h100-1 \
-    --set "pipeline.bucket_boundaries=(128,)" --set pipeline.max_length=128 --set pipeline.tokens_per_batch=25088
+    --set "pipeline.bucket_boundaries=(128,)" --set pipeline.max_length=128 --set pipeline.tokens_per_batch=25088 \
+    --registers
 """
 
 import argparse
 import ast
+import tempfile
 import time
 
 from bench import common
+from bench import kernel_registers
 from transformer_jax import aot
 from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
@@ -38,11 +42,17 @@ def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
   return config
 
 
-def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
+def measure(config, topology: str, dump_hlo: str | None = None, registers: bool = False) -> dict:
+  target = aot.get_topology(topology)
+  if registers and target.chip.platform != 'gpu':
+    raise SystemExit(f'--registers reads the PTX of a GPU program: {topology} is a TPU topology')
+  ptxas = kernel_registers.ptxas() if registers else None  # before the compile: a missing tool fails at once
   program = aot.longest_train_step(config, topology)
-  start = time.perf_counter()
-  compiled = aot.compile_program(program)
-  seconds = time.perf_counter() - start
+  with tempfile.TemporaryDirectory() as dump:
+    start = time.perf_counter()
+    compiled = aot.compile_program(program, {'xla_dump_to': dump} if registers else None)
+    seconds = time.perf_counter() - start
+    kernels = kernel_registers.summary(kernel_registers.kernels(dump, compiled.as_text(), ptxas)) if registers else None
   if dump_hlo:
     with open(dump_hlo, 'w', encoding='utf-8') as f:
       f.write(compiled.as_text())
@@ -50,7 +60,6 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
   parts = hlo_costs.breakdown(ops)
-  target = aot.get_topology(topology)
   chips, chip = target.num_chips, target.chip
   serial = hlo_costs.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
@@ -66,7 +75,7 @@ def measure(config, topology: str, dump_hlo: str | None = None) -> dict:
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
           'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
           'serial_seconds': sum(serial.values()), 'peak_flops': chip.peak_flops, 'hbm_bandwidth': chip.hbm_bandwidth,
-          'integer_ops': sum(p.integer_ops for p in parts),
+          'integer_ops': sum(p.integer_ops for p in parts), 'kernel_registers': kernels,
           'parts': [vars(p) | {'serial_seconds': serial.get(p.name, 0.0)} for p in parts]}
 
 
@@ -98,8 +107,11 @@ def main(argv=None):
   p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
                  help='a config override, e.g. model.num_encoder_layers=2 (repeatable)')
   p.add_argument('--dump_hlo', default=None, help='also write the optimized HLO text to this file')
+  p.add_argument('--registers', action='store_true',
+                 help="a GPU topology's kernels: registers a thread and spills, by ptxas -v (bench.kernel_registers)")
   args = p.parse_args(argv)
-  record = measure(load_config(args.config, args.topology, args.mesh, args.set), args.topology, args.dump_hlo)
+  record = measure(load_config(args.config, args.topology, args.mesh, args.set), args.topology, args.dump_hlo,
+                   args.registers)
   for part in record['parts']:
     common.emit(dict(part, topology=args.topology, mesh=args.mesh, config=args.config, overrides=args.set))
   common.emit({k: v for k, v in record.items() if k != 'parts'} | {'mesh': args.mesh, 'config': args.config,
@@ -113,6 +125,9 @@ def main(argv=None):
         'its vector units, not at the peak counted here')
   print()
   print(table(record))
+  if record['kernel_registers']:
+    print()
+    print(kernel_registers.table(record['kernel_registers']))
 
 
 if __name__ == '__main__':

@@ -409,3 +409,27 @@ def test_step_profile_refuses_cuda_graph_traces_and_a_folder_without_its_hlo(tmp
   (tmp_path / 'step.hlo.txt').unlink()
   with pytest.raises(SystemExit, match='step.hlo.txt: missing'):
     step_profile.profile_parts(folder, steps=1)
+
+
+def test_registers_are_read_for_a_gpu_program_only():
+  config = step_costs.load_config('configs/wmt14_ende_base.py:runlocal', 'v4-8', 'data', [])
+  with pytest.raises(SystemExit, match='--registers reads the PTX of a GPU program: v4-8 is a TPU topology'):
+    step_costs.measure(config, 'v4-8', registers=True)
+
+
+@pytest.mark.slow
+def test_every_pallas_kernel_of_a_gpu_step_fits_its_registers():
+  """A one-layer step of big's width (d_model 1024, where the residual blocks' kernels once spilled: bench/RESULTS.md)
+  with attention and ReLU dropout, compiled for an H100: ptxas reports each of our Pallas kernels, and no kernel
+  spills registers to local memory."""
+  config = step_costs.load_config('configs/wmt14_ende_base.py:runlocal', 'h100-1', 'data',
+                                  ['model.num_encoder_layers=1', 'model.num_decoder_layers=1', 'model.d_model=1024',
+                                   'model.num_heads=16', 'model.attention_dropout=0.1', 'model.relu_dropout=0.1',
+                                   'model.attention=flash_gpu'])  # what `auto` trains with; no cuDNN here
+  found = step_costs.measure(config, 'h100-1', registers=True)['kernel_registers']
+  kernels = {k['name']: k for k in found['kernels']}
+  assert set(kernels) == {'attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv', 'residual_norm_fwd',
+                          'residual_norm_bwd', 'loss_softmax_gradient'}  # Pallas kernels; a spilling one would join
+  assert not [k for k in kernels.values() if k['stack'] or k['spill_stores'] or k['spill_loads']]
+  assert all(k['pallas'] and 0 < k['registers'] <= 255 for k in kernels.values())
+  assert found['other_kernels'] > 0 and 0 < found['other_most_registers'] <= 255

@@ -478,10 +478,11 @@ def analyze_train_step(config: ml_collections.ConfigDict, topology: str) -> Anal
   return analyze_program(longest_train_step(config, topology), topology)
 
 
-def compile_program(program: Program):
-  """The compiled executable of a program, lowered under its mesh and rules (for reading its HLO)."""
+def compile_program(program: Program, compiler_options: dict | None = None):
+  """The compiled executable of a program, lowered under its mesh and rules (for reading its HLO); XLA's
+  `compiler_options` (e.g. xla_dump_to) if given."""
   with sharding.activate(program.mesh, program.rules), compiling_for(program.mesh.devices.flat):
-    return program.jitted.lower(*program.args).compile()
+    return program.jitted.lower(*program.args).compile(compiler_options)
 
 
 def compile_run(config: ml_collections.ConfigDict, topology: str) -> list[tuple[str, Analysis]]:
