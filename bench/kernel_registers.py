@@ -84,7 +84,7 @@ def summary(found: list[Kernel]) -> dict:
 def table(record: dict) -> str:
   rows = [[k['name'] + ('' if k['pallas'] else ' (XLA)'), k['copies'], k['registers'], k['stack'], k['spill_stores'],
            k['spill_loads']] for k in record['kernels']]
-  rows.append([f"{record['other_kernels']} other kernels (XLA's), none spilling", '', 
+  rows.append([f"{record['other_kernels']} other kernels (XLA's), none spilling", '',
                f"at most {record['other_most_registers']}", '', '', ''])
   return common.markdown_table(['kernel', 'copies', 'registers a thread', 'stack bytes', 'spill stores (bytes)',
                                 'spill loads (bytes)'], rows)

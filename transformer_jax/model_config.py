@@ -54,8 +54,8 @@ class ModelConfig:
   dtype: str = 'float32'  # compute dtype
   param_dtype: str = 'float32'
   cpu_kernels: str = 'auto'  # the XLA:CPU backward passes and dropout masks (cpu_backend.py): see CPU_KERNELS
-  residual_norm_kernel: bool = True  # on a GPU, post-LN blocks with a power-of-two d_model: residual_norm.py; False:
-  # XLA's ops (the same values)
+  residual_norm_kernel: bool = True  # on a GPU, post-LN blocks of a power-of-two d_model: residual_norm.py's kernels
+  # (False: XLA's ops, the same values)
 
   def __post_init__(self):
     _check_choice('architecture', self.architecture, ARCHITECTURES)

@@ -21,7 +21,8 @@ from transformer_jax import sharding
 
 _ELEMENTS = 2048  # of a [rows, d_model] block a program (forward) or a loop step (backward) takes at most: 16 a
 # thread of 4 warps, which Triton holds in registers (ptxas -v; bench/RESULTS.md)
-_BACKWARD_ROWS = 32  # rows a backward program at most: the scale and bias gradients are one row of partial sums a program
+_BACKWARD_ROWS = 32  # rows a backward program at most: the scale and bias gradients are one row of partial sums
+# a program
 
 
 def serves(x) -> bool:
