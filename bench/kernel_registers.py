@@ -38,17 +38,24 @@ class Kernel:
 
 
 def ptxas() -> str:
-  """The ptxas of CUDA's nvcc wheel (nvidia-cuda-nvcc-cu12, which requirements-gpu.txt brings) or on PATH."""
+  """The newest ptxas of CUDA's nvcc wheels (nvidia-cuda-nvcc-cu12, which requirements-gpu.txt brings, or CUDA 13's
+  nvidia-cuda-nvcc, beside jax 0.11's plugin) or on PATH: a newer ptxas reads an older CUDA's PTX."""
   try:
-    import nvidia.cuda_nvcc  # pylint: disable=g-import-not-at-top
-    wheel = [os.path.join(path, 'bin', 'ptxas') for path in nvidia.cuda_nvcc.__path__]
+    import nvidia  # pylint: disable=g-import-not-at-top
+    wheels = [path for root in nvidia.__path__ for path in glob.glob(os.path.join(root, '*', 'bin', 'ptxas'))]
   except ImportError:
-    wheel = []
-  found = [path for path in wheel if os.access(path, os.X_OK)] or list(filter(None, [shutil.which('ptxas')]))
+    wheels = []
+  found = [path for path in wheels if os.access(path, os.X_OK)] or list(filter(None, [shutil.which('ptxas')]))
   if not found:
     raise SystemExit('ptxas not found, which --registers needs: pip install nvidia-cuda-nvcc-cu12 '
                      '(requirements-gpu.txt brings it)')
-  return found[0]
+  return max(found, key=_release)
+
+
+def _release(tool: str) -> tuple[int, ...]:
+  """ptxas's CUDA release, e.g. (12, 9)."""
+  version = subprocess.run([tool, '--version'], capture_output=True, text=True, check=True).stdout
+  return tuple(map(int, re.search(r'release (\d+)\.(\d+)', version).groups()))
 
 
 def kernels(dump_dir: str, hlo_text: str, tool: str) -> list[Kernel]:
@@ -71,6 +78,9 @@ def kernels(dump_dir: str, hlo_text: str, tool: str) -> list[Kernel]:
       for field, pattern in _FIGURES.items():
         value = pattern.search(block)
         setattr(kernel, field, max(getattr(kernel, field), int(value.group(1)) if value else 0))
+  if not found:
+    raise SystemExit(f'XLA wrote no PTX to {dump_dir}: --registers needs the CUDA 12 plugin of the pinned jax '
+                     "(requirements-test.txt); jax 0.11's CUDA 13 plugin writes none when it compiles without a GPU")
   return list(found.values())
 
 

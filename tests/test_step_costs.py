@@ -13,6 +13,7 @@ import jax
 import pytest
 
 import helpers
+from bench import kernel_registers
 from bench import step_costs
 from bench import step_profile
 from transformer_jax import aot
@@ -433,3 +434,9 @@ def test_every_pallas_kernel_of_a_gpu_step_fits_its_registers():
   assert not [k for k in kernels.values() if k['stack'] or k['spill_stores'] or k['spill_loads']]
   assert all(k['pallas'] and 0 < k['registers'] <= 255 for k in kernels.values())
   assert found['other_kernels'] > 0 and 0 < found['other_most_registers'] <= 255
+
+
+def test_registers_refuse_a_dump_without_ptx(tmp_path):
+  (tmp_path / 'module_0001.jit_train_step.sm_9.0a_gpu_after_optimizations.txt').write_text('HloModule m')
+  with pytest.raises(SystemExit, match=f'XLA wrote no PTX to {tmp_path}: --registers needs the CUDA 12 plugin'):
+    kernel_registers.kernels(str(tmp_path), '', kernel_registers.ptxas())
