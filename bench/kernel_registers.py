@@ -68,8 +68,13 @@ def kernels(dump_dir: str, hlo_text: str, tool: str) -> list[Kernel]:
     target = _TARGET.search(text)
     if not _ENTRY.search(text) or not target:
       continue
-    report = subprocess.run([tool, f'-arch={target.group(1)}', '-v', path, '-o', os.devnull], capture_output=True,
-                            text=True, check=True).stderr
+    run = subprocess.run([tool, f'-arch={target.group(1)}', '-v', path, '-o', os.devnull], capture_output=True,
+                         text=True, check=False)
+    if run.returncode:
+      last = (run.stderr.strip().splitlines() or ['no message'])[-1]
+      raise SystemExit(f'{tool} could not read {os.path.basename(path)} ({last}): install the nvcc wheel of the '
+                       "CUDA version of jax's plugin")
+    report = run.stderr
     for block in re.split(r'(?=ptxas info\s+: Compiling entry function)', report)[1:]:
       function = _FUNCTION.search(block).group(1)
       name = re.sub(r'__\d+$', '', function)

@@ -440,3 +440,9 @@ def test_registers_refuse_a_dump_without_ptx(tmp_path):
   (tmp_path / 'module_0001.jit_train_step.sm_9.0a_gpu_after_optimizations.txt').write_text('HloModule m')
   with pytest.raises(SystemExit, match=f'XLA wrote no PTX to {tmp_path}: --registers needs the CUDA 12 plugin'):
     kernel_registers.kernels(str(tmp_path), '', kernel_registers.ptxas())
+
+
+def test_registers_refuse_ptx_that_ptxas_cannot_read_in_one_line(tmp_path):
+  (tmp_path / 'module_0001.jit_f.1.ptx').write_text('.version 8.8\n.target sm_90a\n.visible .entry broken(\n')
+  with pytest.raises(SystemExit, match=r'ptxas could not read module_0001\.jit_f\.1\.ptx \(.+\): install the nvcc'):
+    kernel_registers.kernels(str(tmp_path), '', kernel_registers.ptxas())
