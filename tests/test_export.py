@@ -3,7 +3,10 @@
 import json
 import os
 
+import copy
+
 import ctranslate2
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -171,6 +174,45 @@ def test_quantized_exports_load_on_cpu(trained, tmp_path, quantization, compute_
   sp = spm.SentencePieceProcessor(model_file=restored.tokenizer.path)
   results = translator.translate_batch([sp.encode(line, out_type=str) for line in _test_sources(config, 4)])
   assert len(results) == 4
+
+
+def _spec_variables(spec) -> dict:
+  """The spec's variables by name as numpy arrays (aliases, which name another variable, left out)."""
+  return {name: value.numpy() for name, value in spec.variables().items() if not isinstance(value, str)}
+
+
+def _optimized_spec(cfg: ModelConfig, weights, quantization):
+  spec = export.transformer_model_spec(cfg, weights)
+  pieces = [f'piece{i}' for i in range(cfg.vocab_size)]
+  spec.register_source_vocabulary(pieces)
+  spec.register_target_vocabulary(pieces)
+  spec.validate()
+  export.optimize_spec(spec, quantization)
+  return spec
+
+
+@pytest.mark.parametrize('quantization', ['int8', 'int8_float16'])
+def test_int8_weights_keep_seven_bits_so_no_16_bit_pair_sum_of_a_cpu_can_overflow(quantization):
+  """CT2's int8 products on an x86 CPU without VNNI add (activation + 128) · weight in pairs of 16 bits: with
+  weights within ±63 no pair leaves int16. Each row still spans ±63 (its own scale) and rounds to the nearest."""
+  cfg = ModelConfig(vocab_size=64, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                    max_len=32)
+  weights = jax.tree.map(lambda x: np.array(x, np.float32),
+                         jax.device_get(nn.unbox(helpers.perturbed_params(cfg, seed=0))))
+  originals = _spec_variables(_optimized_spec(cfg, copy.deepcopy(weights), None))
+  quantized = _spec_variables(_optimized_spec(cfg, weights, quantization))
+  int8 = {name: value for name, value in quantized.items() if value.dtype == np.int8 and value.ndim}
+  # the encoder layer's fused query/key/value, output projection and two FFN matrices; the decoder layer's fused
+  # query/key/value, cross-attention's query and fused key/value, two output projections and two FFN matrices;
+  # the shared embedding
+  assert len(int8) == (4 + 7) + 1, sorted(int8)
+  for name, value in int8.items():
+    rows = value.reshape(value.shape[0], -1).astype(np.int32)
+    scale = quantized[f'{name}_scale'].astype(np.float64)[:, None]
+    assert 2 * 255 * np.abs(rows).max() <= np.iinfo(np.int16).max, name
+    assert np.all(np.abs(rows).max(axis=1) == export.INT8_WEIGHT_LIMIT), name
+    error = np.abs(rows / scale - originals[name].reshape(rows.shape))
+    assert np.all(error <= (0.5 + 1e-4) / scale), name  # 1e-4 of a step: float32 rounding of weight × scale
 
 
 @pytest.mark.parametrize('change, message', [

@@ -17,6 +17,8 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
   token, <unk> 3); CT2 appends </s> to the source itself, so clients pass SentencePiece pieces unchanged.
   The tokenizer's files are copied into the directory: spm.model, or an imported checkpoint's source.spm,
   target.spm and pieces.json.
+- int8 weights (`int8`, `int8_float16`): CT2's per-row scales, to ±63 instead of its ±127 (INT8_WEIGHT_LIMIT), so
+  that no CPU's int8 product can overflow;
 - what CT2's files cannot say goes into transformer_jax.json: the run's `model` and `decode` config sections, for
   `translate --engine=ctranslate2` (`serving.py`): beam size, max output length (input + max_len_offset, within
   learned positions) and max input length as ours. The length penalty is not the same: ours divides by
@@ -35,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
-from ctranslate2.specs import common_spec, transformer_spec
+from ctranslate2.specs import common_spec, model_spec, transformer_spec
 
 from transformer_jax import files
 from transformer_jax.data import tokenizer as tokenizer_lib
@@ -53,6 +55,9 @@ SPM_FILE = 'spm.model'
 _ACTIVATIONS = {'relu': common_spec.Activation.RELU, 'gelu': common_spec.Activation.GELU,
                 'swish': common_spec.Activation.SWISH}
 SETTINGS_FILE = 'transformer_jax.json'  # {'model': the model section, 'decode': the decode section}
+# int8 weights keep 7 bits of magnitude (±63, CT2 writes ±127): on an x86 CPU without VNNI, CT2's int8 products
+# (unsigned 8-bit activations times the weights) add pairs in 16 bits, which 2·255·127 overflows and 2·255·63 cannot.
+INT8_WEIGHT_LIMIT = 63
 
 
 def export_ctranslate2(model_config: ModelConfig, params, tokenizer, out_dir: str | os.PathLike,
@@ -80,12 +85,35 @@ def export_ctranslate2(model_config: ModelConfig, params, tokenizer, out_dir: st
   for name, path in tokenizer_files.items():
     spec.register_file(path, name)
   spec.validate()
-  spec.optimize(quantization=quantization)
+  optimize_spec(spec, quantization)
   with files.staged_directory(out_dir) as staging:
     spec.save(staging)
     with open(os.path.join(staging, SETTINGS_FILE), 'w', encoding='utf-8') as f:
       json.dump(settings, f, indent=2)
   return out_dir
+
+
+def optimize_spec(spec: model_spec.LayerSpec, quantization: str | None) -> None:
+  """CT2's `optimize` (aliases, weight types), then int8 weights requantized from the float32 originals with
+  per-row scales to ±INT8_WEIGHT_LIMIT."""
+  originals = {}
+  if quantization and quantization.startswith('int8'):
+    def keep(layer, name, value):
+      if isinstance(value, model_spec.Variable) and hasattr(layer, f'{name.rsplit("/", 1)[-1]}_scale'):
+        originals[name] = np.array(value.numpy(), np.float32)  # optimize quantizes this array in place
+    model_spec.visit_spec(spec, keep)
+  spec.optimize(quantization=quantization)
+
+  def requantize(layer, name, value):
+    if name in originals and isinstance(value, model_spec.Variable) and value.dtype == 'int8':
+      rows = originals[name].reshape(value.shape[0], -1)
+      amax = np.abs(rows).max(axis=1)
+      scale = np.float32(INT8_WEIGHT_LIMIT) / np.where(amax > 0, amax, np.float32(INT8_WEIGHT_LIMIT))
+      weight = np.rint(rows * scale[:, None]).astype(np.int8).reshape(value.shape)
+      key = name.rsplit('/', 1)[-1]
+      setattr(layer, key, model_spec.NumpyVariable(weight))
+      setattr(layer, f'{key}_scale', model_spec.NumpyVariable(scale.astype(np.float32)))
+  model_spec.visit_spec(spec, requantize)
 
 
 def check_exportable(model_config: ModelConfig, quantization: str | None = None,
