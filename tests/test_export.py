@@ -1,9 +1,8 @@
 """CTranslate2 export: the exported model computes what ours computes, and refuses what CT2 cannot represent."""
 
+import copy
 import json
 import os
-
-import copy
 
 import ctranslate2
 import flax.linen as nn

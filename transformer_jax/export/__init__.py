@@ -18,7 +18,7 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
   The tokenizer's files are copied into the directory: spm.model, or an imported checkpoint's source.spm,
   target.spm and pieces.json.
 - int8 weights (`int8`, `int8_float16`): CT2's per-row scales, to ±63 instead of its ±127 (INT8_WEIGHT_LIMIT), so
-  that no CPU's int8 product can overflow;
+  that the 16-bit pair sums of CT2's int8 products on an x86 CPU without VNNI cannot overflow;
 - what CT2's files cannot say goes into transformer_jax.json: the run's `model` and `decode` config sections, for
   `translate --engine=ctranslate2` (`serving.py`): beam size, max output length (input + max_len_offset, within
   learned positions) and max input length as ours. The length penalty is not the same: ours divides by
