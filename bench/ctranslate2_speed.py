@@ -125,7 +125,7 @@ def main(argv):
                   scores.sacrebleu_corpus(hypotheses, references)[0], same])
   print(f'\n{len(pairs)} test sentences in batches of {_BATCH_SIZE.value}; max output length: batch width + '
         f'{offset}; CTranslate2 {ctranslate2.__version__}, intra_threads={_THREADS.value}; jax {jax.__version__}; '
-        f'{json.dumps(common.machine())}\n')
+        f'{json.dumps({**common.machine(), "vnni": common.cpu_has_vnni()})}\n')
   print(common.markdown_table(['engine', 'weights', 'decoding', 'sentences/s', 'generated tokens/s',
                                '× ours (same decoding)', 'BLEU', 'greedy = ours'], table))
 
