@@ -1,16 +1,17 @@
 """Test setup: 8 simulated CPU devices for mesh tests, fast compiles, a persistent compilation cache, and the one
 trained models that several test modules share.
 
-XLA's backend optimisation level 0 compiles ~40% faster; the tests compare implementations and runs with each
-other under the same setting, so it changes no assertion's meaning. The cache keeps every program, however quickly
-it compiled: a re-run, and the train.py subprocesses of one run, reuse the thousands of small ones too.
+The XLA flags that compile faster are `xla_test_flags`'s. The cache keeps every program, however quickly it
+compiled: a re-run, and the train.py subprocesses of one run, reuse the thousands of small ones too.
 """
 
 import fcntl
 import os
 import tempfile
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0')
+import xla_test_flags
+
+os.environ.setdefault('XLA_FLAGS', xla_test_flags.xla_flags(device_count=8))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(), 'transformer_jax_jit_cache'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')

@@ -29,6 +29,8 @@ from transformer_jax import run_builder, sharding, steps
 from transformer_jax.model import init_inputs, make_model
 from transformer_jax.workdir import Workdir
 
+import xla_test_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 DEFAULT_CONFIG = os.path.join(REPO, 'configs', 'default.py')
@@ -126,8 +128,7 @@ def subprocess_env(device_count: int = 8, fast_compile: bool = True) -> dict:
   """The tests' own XLA settings (conftest.py) with another device count: a subprocess computes what they do.
   `fast_compile=False` keeps XLA's optimisations, for runs long enough that step time outweighs compile time."""
   env = dict(os.environ)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={device_count}' + (
-      ' --xla_backend_optimization_level=0' if fast_compile else '')
+  env['XLA_FLAGS'] = xla_test_flags.xla_flags(device_count, fast_compile)
   env['JAX_PLATFORMS'] = 'cpu'
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
   env['PYTHONUNBUFFERED'] = '1'

@@ -1,0 +1,13 @@
+"""The tests' XLA:CPU flags, in one place for the test process (conftest.py) and the train.py runs it starts.
+
+Fast compiles: backend optimisation level 0, and XLA:CPU's older loop emitters in place of its fusion emitters;
+each compiles these tiny programs markedly faster (bench/RESULTS.md, "CI time"). Tests compare implementations and
+runs with each other under the same setting, so neither changes an assertion's meaning.
+"""
+
+FAST_COMPILE = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false')
+
+
+def xla_flags(device_count: int, fast_compile: bool = True) -> str:
+  """XLA_FLAGS for `device_count` simulated CPU devices; `fast_compile=False` keeps XLA's defaults otherwise."""
+  return ' '.join((f'--xla_force_host_platform_device_count={device_count}',) + (FAST_COMPILE if fast_compile else ()))
