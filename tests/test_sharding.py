@@ -86,8 +86,14 @@ def test_the_train_step_donates_its_state_and_the_parameters_if_asked(setup, don
   assert [x.is_deleted() for x in jax.tree.leaves(state.params)] == [donate_params] * len(jax.tree.leaves(new.params))
   _, (expected, expected_metrics) = step(
       lambda shardings: helpers.jitted_train_step(config, model, tx, schedule, shardings, mesh))
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get((new.as_dict(), metrics)),
+  jax.tree.map(_equal_up_to_float32_sums, jax.device_get((new.as_dict(), metrics)),
                jax.device_get((expected.as_dict(), expected_metrics)))
+
+
+def _equal_up_to_float32_sums(actual, expected):
+  """Equal but for float32 rounding: aliased buffers may let XLA:CPU order a sum differently (its loop emitters do,
+  by an ulp of the sum's terms), so each array's error is taken against its largest entry."""
+  np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize('name', list(MESHES))
