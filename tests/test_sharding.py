@@ -92,7 +92,7 @@ def test_the_train_step_donates_its_state_and_the_parameters_if_asked(setup, don
 
 def _equal_up_to_float32_sums(actual, expected):
   """Equal but for float32 rounding: aliased buffers may let XLA:CPU order a sum differently (its loop emitters do,
-  by an ulp of the sum's terms), so each array's error is taken against its largest entry."""
+  in a few entries), so each array's error is taken against its largest entry."""
   np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 
 

@@ -2,7 +2,8 @@
 
 Fast compiles: backend optimisation level 0, and XLA:CPU's older loop emitters in place of its fusion emitters;
 each compiles these tiny programs markedly faster (bench/RESULTS.md, "CI time"). Tests compare implementations and
-runs with each other under the same setting, so neither changes an assertion's meaning.
+runs with each other under the same setting, so neither changes an assertion's meaning; where two programs may now
+round a sum differently, the test says so (test_sharding's donation test).
 """
 
 FAST_COMPILE = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false')
