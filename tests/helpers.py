@@ -125,7 +125,7 @@ def train_command(workdir: str, *extra: str, config: str = DEFAULT_CONFIG, **ove
 
 
 def subprocess_env(device_count: int = 8, fast_compile: bool = True) -> dict:
-  """The tests' own XLA settings (conftest.py) with another device count: a subprocess computes what they do.
+  """The tests' own XLA settings (`xla_test_flags`) with another device count: a subprocess computes what they do.
   `fast_compile=False` keeps XLA's optimisations, for runs long enough that step time outweighs compile time."""
   env = dict(os.environ)
   env['XLA_FLAGS'] = xla_test_flags.xla_flags(device_count, fast_compile)
