@@ -8,12 +8,24 @@ negative log-likelihood per token (what fairseq or torch call the loss; perplexi
 """
 
 import json
+import sys
 import time
 
 import jax
 import numpy as np
 from absl import logging
-from tensorboardX import SummaryWriter
+
+# tensorboardX imports torch wherever it is installed (the Hugging Face extras), only to accept torch tensors,
+# which we never pass: seconds at every start of train.py (bench/RESULTS.md, "Start-up"). It loads with torch
+# hidden, unless something has imported torch already; a later `import torch` works as ever.
+_HIDE_TORCH = 'torch' not in sys.modules
+if _HIDE_TORCH:
+  sys.modules['torch'] = None  # makes `import torch` raise ImportError, which tensorboardX catches
+try:
+  from tensorboardX import SummaryWriter  # pylint: disable=wrong-import-position
+finally:
+  if _HIDE_TORCH:
+    del sys.modules['torch']
 
 from transformer_jax import metrics as metrics_lib
 from transformer_jax.data import pipeline
