@@ -54,7 +54,6 @@ TINY = {
     'pipeline.batch_multiple': 8,
     'pipeline.tokens_per_batch': 256,
     'pipeline.bucket_boundaries': (8, 16, 24, 32),
-    'pipeline.read_threads': 1,
     'mesh.shape': {'data': -1, 'fsdp': 1, 'tensor': 1},
     'train.num_steps': 8,
     'train.warmup_steps': 4,
@@ -311,14 +310,13 @@ def model_variants(base) -> dict:
 
 
 # The seeded runs (conftest's `seeded_runs`): 2+2 layers of width 64, 300 steps; about BLEU 50 on 200 test sentences
-# with greedy search, far from both 0 and 100. No encoding thread (the pipeline section's default): 300 steps spend
-# less CPU on the input so, with the same batches.
+# with greedy search, far from both 0 and 100.
 SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, model__num_heads=4,
                   model__num_encoder_layers=2, model__num_decoder_layers=2, model__max_len=64,
                   pipeline__packed_length=64, pipeline__bucket_boundaries=(16, 32, 48, 64),
                   tokenizer__sample_size=10000, data__builtin_train_size=20000, data__builtin_eval_size=200,
                   train__num_steps=300, train__warmup_steps=100, train__checkpoint_every=300, pipeline__batch_size=32,
-                  train__log_every=100, eval__batch_size=200, decode__batch_size=200, pipeline__read_threads=0)
+                  train__log_every=100, eval__batch_size=200, decode__batch_size=200)
 
 
 # The fork server of `EntryPoints`: imports what every entry point imports, then forks a child per request that

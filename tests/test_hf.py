@@ -447,7 +447,7 @@ def test_the_export_refuses_what_marian_cannot_hold_before_restoring(entry_point
 
 
 FINE_TUNE = ['--config.data.builtin_train_size=2000', '--config.data.builtin_eval_size=16', '--config.model.max_len=32',
-             '--config.pipeline.packed_length=32', '--config.pipeline.batch_size=8', '--config.pipeline.read_threads=1',
+             '--config.pipeline.packed_length=32', '--config.pipeline.batch_size=8',
              '--config.mesh.shape.data=-1', '--config.mesh.shape.fsdp=1', '--config.mesh.shape.tensor=1',
              '--config.train.warmup_steps=2', '--config.train.log_every=1', '--config.train.eval_every=1000',
              '--config.train.eval_batches=1', '--config.train.checkpoint_every=2', '--config.eval.batch_size=16',

@@ -160,8 +160,14 @@ def _assert_same_batches(expected, actual):
 
 
 @pytest.mark.parametrize('batching', pipeline_section.BATCHINGS)
-def test_restored_iterator_continues_exactly_across_epochs(tokenizer, batching):
-  config = _config(batching)
+def test_encoding_threads_give_the_inline_batches(tokenizer, batching):
+  _assert_same_batches(_epoch(tokenizer, _config(batching)), _epoch(tokenizer, _config(batching, read_threads=2)))
+
+
+@pytest.mark.parametrize('read_threads', [0, 2])
+@pytest.mark.parametrize('batching', pipeline_section.BATCHINGS)
+def test_restored_iterator_continues_exactly_across_epochs(tokenizer, batching, read_threads):
+  config = _config(batching, read_threads=read_threads)
   epoch_batches = len(_epoch(tokenizer, config))
   dataset = pl.make_train_dataset(PAIRS, tokenizer, config)
   iterator = iter(dataset)
