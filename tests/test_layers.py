@@ -93,3 +93,18 @@ def test_reading_and_checking_a_config_loads_no_backend_loop_or_inference():
   heavy = {'jax', 'flax', 'optax', 'orbax', 'grain', 'sentencepiece', 'transformer_jax.trainer',
            'transformer_jax.restoring', 'transformer_jax.generation', 'transformer_jax.cpu_backend'}
   assert not heavy & loaded, heavy & loaded
+
+
+def test_the_trainer_loads_without_torch_and_leaves_it_importable():
+  # torch is installed here (the Hugging Face tests'); tensorboardX would import it at every start of train.py.
+  code = ('import importlib.util, sys\n'
+          'assert importlib.util.find_spec("torch") is not None\n'
+          'from transformer_jax import trainer\n'
+          'assert "torch" not in sys.modules\n'
+          'import torch\n'
+          'from tensorboardX import SummaryWriter\n'
+          'print(torch.ones(3).sum().item())\n')
+  result = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO, env=helpers.subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.strip() == '3.0'
