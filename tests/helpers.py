@@ -325,8 +325,9 @@ SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, mo
 _FORK_SERVER = r'''
 import json, os, runpy, sys
 from absl import app  # noqa: F401  (the libraries the entry points import, loaded once for every fork)
-from transformer_jax import cli, config, restoring, scoring, trainer  # noqa: F401
+from transformer_jax import cli, config, restoring, scores, scoring, trainer  # noqa: F401
 from transformer_jax.sections import mesh as mesh_section
+scores.moses_tokenize('Warm.', 'de')  # sacremoses compiles its regexes on first use: once here, not per run
 def requests():
   pending = b''
   while chunk := os.read(0, 1 << 16):

@@ -7,6 +7,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from transformer_jax import attention_plots
@@ -107,6 +108,19 @@ def test_averaging(trained, tmp_path):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match=r'asked to average 9 checkpoints but only 3 of .* restore'):
     restoring.restore(config, workdir, average_last=9)
+
+
+@pytest.mark.slow
+def test_averaging_reads_each_steps_metadata_once(trained, monkeypatch):
+  """Orbax reads every array's metadata (the Adam moments' too) for a step's tree: the layout check and the shape
+  check share one read."""
+  config, workdir = trained
+  read = []
+  item_metadata = ocp.CheckpointManager.item_metadata
+  monkeypatch.setattr(ocp.CheckpointManager, 'item_metadata',
+                      lambda self, step: read.append(step) or item_metadata(self, step))
+  assert restoring.restore(config, workdir, average_last=3).steps == [10, 20, 30]
+  assert sorted(read) == [10, 20, 30]
 
 
 @pytest.mark.slow

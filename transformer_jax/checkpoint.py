@@ -181,9 +181,10 @@ def holds_params_only(manager: ocp.CheckpointManager, step: int) -> bool:
   return 'opt_state' not in getattr(saved, 'tree', saved)
 
 
-def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params) -> None:
-  """Raises, listing every mismatch, when the checkpoint's params differ in shape from the config's model."""
-  saved = saved_params(manager, step)
+def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params, saved=None) -> None:
+  """Raises, listing every mismatch, when the checkpoint's params differ in shape from the config's model.
+  `saved`: the step's `saved_params` where the caller has read them (orbax reads every array's metadata for it)."""
+  saved = saved_params(manager, step) if saved is None else saved
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted = {jax.tree_util.keystr(p): tuple(x.shape)
             for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
@@ -209,9 +210,10 @@ def restore_state(manager: ocp.CheckpointManager, step: int, abstract_state: dic
   return restored
 
 
-def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params):
-  """Only the params of a step, resharded onto `abstract_params`' shardings (any mesh, any device count)."""
-  check_shapes(manager, step, abstract_params)
+def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params, saved=None):
+  """Only the params of a step, resharded onto `abstract_params`' shardings (any mesh, any device count); `saved`
+  as `check_shapes` takes it."""
+  check_shapes(manager, step, abstract_params, saved)
   item = {'params': abstract_params}
   args = ocp.args.PyTreeRestore(item=item, restore_args=_restore_args(item), partial_restore=True)
   with _reading(manager, step):

@@ -129,11 +129,12 @@ def _restore_params(model, workdir: str, step, average_last, mesh, rules):
 
   def restore_step(step_: int):
     """A step's params in this model's layer layout, whichever layout (scanned or not) the run saved."""
-    saved_scanned = layer_layout.is_scanned(checkpoint.saved_params(manager, step_))
+    saved = checkpoint.saved_params(manager, step_)
+    saved_scanned = layer_layout.is_scanned(saved)
     if saved_scanned == model.config.scan_layers:
-      return checkpoint.restore_params(manager, step_, target)
+      return checkpoint.restore_params(manager, step_, target, saved)
     saved_model = model_lib.make_model(model.config.replace(scan_layers=saved_scanned))
-    params = checkpoint.restore_params(manager, step_, steps.abstract_params(saved_model, mesh, rules))
+    params = checkpoint.restore_params(manager, step_, steps.abstract_params(saved_model, mesh, rules), saved)
     return layer_layout.convert_onto(params, target, model.config.scan_layers)
 
   try:
