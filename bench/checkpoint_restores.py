@@ -29,8 +29,7 @@ def main():
 
   config = config_lib.load('configs/wmt14_ende_base.py' if args.config == 'base' else 'configs/default.py')
   if args.config == 'tiny':
-    config.model.update(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
-    config.model.vocab_size = 200
+    common.shrink_to_tiny(config)
   config.mesh.shape = {'data': 1, 'fsdp': 1, 'tensor': 1}
   run = run_builder.build(config, jax.devices()[:1])
   target = run.abstract_state.params

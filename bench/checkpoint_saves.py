@@ -31,8 +31,7 @@ def main():
 
   config = default.get_config()
   if args.config == 'tiny':
-    config.model.update(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
-    config.model.vocab_size = 200
+    common.shrink_to_tiny(config)
   config.mesh.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
   state = run_builder.build(config).initial_state().as_dict()
 

@@ -64,6 +64,12 @@ def block(tree):
   return tree
 
 
+def shrink_to_tiny(config) -> None:
+  """The tests' 1+1-layer model of width 16 and 200 pieces, in place of `config`'s model."""
+  config.model.update(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+  config.model.vocab_size = 200
+
+
 def median(xs):
   return statistics.median(xs) if xs else float('nan')
 
