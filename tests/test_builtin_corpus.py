@@ -287,7 +287,22 @@ def test_default_corpus_sizes_distinct_disjoint_and_loaded():
     assert len(loaded) == len(texts[0])
     assert loaded[123] == (texts[0][123], texts[1][123])
     assert loaded[-1] == (texts[0][-1], texts[1][-1])
-  assert bc.build_corpus(*args) is corpus  # cached: load_split builds it once for all splits
+  assert bc.build_corpus(*args) is corpus  # cached: train.py's splits build it once
+
+
+def test_an_evaluation_split_loads_without_drawing_the_train_split(monkeypatch):
+  """eval.py loads the test split alone: the first draws, not the 200,000 training pairs after them."""
+  config = data_section.default_config()
+  draws = []
+  monkeypatch.setattr(bc.splits, 'generate_pair', lambda rng: draws.append(1) or bc.generate_pair(rng))
+  bc.build_corpus.cache_clear()
+  for split in ('test', 'validation'):
+    loaded = sources.load_split(config, split)
+    assert len(loaded) == config.builtin_eval_size
+  assert len(draws) < 3 * config.builtin_eval_size  # 2 × eval_size distinct pairs and a few repeats
+  full = bc.build_corpus(config.builtin_seed, config.builtin_train_size, config.builtin_eval_size)
+  for split in ('test', 'validation'):
+    assert list(sources.load_split(config, split)) == list(zip(*full[split]))
 
 
 def test_length_distribution_and_vocabulary():

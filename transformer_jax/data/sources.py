@@ -109,8 +109,9 @@ def load(data_config: ml_collections.ConfigDict, split: str,
 def _load_builtin(data_config: ml_collections.ConfigDict, split: str) -> PairSequence:
   if split not in builtin.SPLITS:
     raise ValueError(f'the builtin corpus has no split {split!r}; use one of {builtin.SPLITS}')
-  corpus = builtin.build_corpus(data_config.builtin_seed, data_config.builtin_train_size,
-                                data_config.builtin_eval_size)
+  # Test and validation are the corpus's first draws, whatever the train split's size: evaluating draws only them.
+  train_size = data_config.builtin_train_size if split == 'train' else 1
+  corpus = builtin.build_corpus(data_config.builtin_seed, train_size, data_config.builtin_eval_size)
   return PairSequence(*corpus[split])
 
 
