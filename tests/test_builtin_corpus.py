@@ -291,11 +291,11 @@ def test_default_corpus_sizes_distinct_disjoint_and_loaded():
 
 
 def test_an_evaluation_split_loads_without_drawing_the_train_split(monkeypatch):
-  """eval.py loads the test split alone: the first draws, not the 200,000 training pairs after them."""
+  """eval.py loads the test split alone: the first draws, not the training pairs after them."""
   config = data_section.default_config()
+  config.update(builtin_seed=7, builtin_train_size=20_000, builtin_eval_size=500)  # a corpus no other test caches
   draws = []
   monkeypatch.setattr(bc.splits, 'generate_pair', lambda rng: draws.append(1) or bc.generate_pair(rng))
-  bc.build_corpus.cache_clear()
   for split in ('test', 'validation'):
     loaded = sources.load_split(config, split)
     assert len(loaded) == config.builtin_eval_size
