@@ -48,8 +48,7 @@ def main():
     manager.wait_until_finished()
     manager.close()
     manager = checkpoint.open_existing(root)
-    saved = manager.item_metadata(1)[checkpoint.STATE]
-    arrays = len(jax.tree.leaves(getattr(saved, 'tree', saved)))
+    arrays = len(jax.tree.leaves(checkpoint.saved_state(manager, 1)))
     for round_ in range(args.rounds + 1):  # round 0 warms up both
       for name, restore in (('twice', read_twice), ('once', read_once)):
         start = time.perf_counter()

@@ -168,17 +168,22 @@ def _check_small_files(manager: ocp.CheckpointManager, step: int) -> None:
     files.read_json(path, 'checkpoint file')
 
 
+def saved_state(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The metadata (shapes, dtypes) of everything a step's state item holds, as a tree like it (orbax reads every
+  array's for it)."""
+  saved = manager.item_metadata(step)[STATE]
+  return getattr(saved, 'tree', saved)
+
+
 def saved_params(manager: ocp.CheckpointManager, step: int):
   """The metadata (shapes, dtypes) of a step's params, as a tree like the params."""
   with _reading(manager, step):
-    saved = manager.item_metadata(step)[STATE]
-    return getattr(saved, 'tree', saved)['params']
+    return saved_state(manager, step)['params']
 
 
 def holds_params_only(manager: ocp.CheckpointManager, step: int) -> bool:
   """Whether a step holds params alone (an imported model, averaged params), without a training state to resume."""
-  saved = manager.item_metadata(step)[STATE]
-  return 'opt_state' not in getattr(saved, 'tree', saved)
+  return 'opt_state' not in saved_state(manager, step)
 
 
 def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params, saved=None) -> None:
