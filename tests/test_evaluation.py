@@ -129,6 +129,15 @@ def test_save_averaged_checkpoint(trained):
   restored = restoring.restore(config, workdir, average_last=3)
   path = restoring.save_averaged(restored, workdir)
   assert os.path.isdir(path) and path.endswith('30')
+  # A params-only step (what fine-tuning starts from) gives its params' metadata; a training step, None.
+  shapes = jax.tree.map(lambda x: tuple(x.shape), restored.params)
+  for directory, expected in [(os.path.dirname(path), shapes), (Workdir(workdir).checkpoints, None)]:
+    manager = checkpoint.open_existing(directory)
+    try:
+      saved = checkpoint.params_only(manager, 30)
+      assert (saved if saved is None else jax.tree.map(lambda m: tuple(m.shape), saved)) == expected
+    finally:
+      manager.close()
 
 
 def _inputs(restored, sentences):

@@ -181,9 +181,11 @@ def saved_params(manager: ocp.CheckpointManager, step: int):
     return saved_state(manager, step)['params']
 
 
-def holds_params_only(manager: ocp.CheckpointManager, step: int) -> bool:
-  """Whether a step holds params alone (an imported model, averaged params), without a training state to resume."""
-  return 'opt_state' not in saved_state(manager, step)
+def params_only(manager: ocp.CheckpointManager, step: int):
+  """The step's `saved_params` if it holds params alone (an imported model, averaged params), without a training
+  state to resume; else None."""
+  saved = saved_state(manager, step)
+  return None if 'opt_state' in saved else saved['params']
 
 
 def check_shapes(manager: ocp.CheckpointManager, step: int, abstract_params, saved=None) -> None:

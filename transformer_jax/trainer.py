@@ -128,9 +128,10 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   cleanup.enter_context(checkpoint.closing(manager))
   stop.watch(manager)
   latest, damaged = None, []
-  if manager.all_steps() == [0] and checkpoint.holds_params_only(manager, 0):  # an imported model (transformer_jax.convert)
+  imported = checkpoint.params_only(manager, 0) if manager.all_steps() == [0] else None  # transformer_jax.convert's
+  if imported is not None:
     state = dataclasses.replace(run.initial_state(),
-                                params=checkpoint.restore_params(manager, 0, run.abstract_state.params))
+                                params=checkpoint.restore_params(manager, 0, run.abstract_state.params, imported))
     logging.info('training starts from the imported params of step 0 in %s', run_dir.checkpoints)
   elif manager.latest_step() is not None:
     if manager.latest_step() > train_cfg.num_steps:
