@@ -35,13 +35,28 @@ def small_config(mesh: str, topology: str = TOPOLOGY, **model):
 
 
 @pytest.fixture(scope='module')
-def analyses():
+def programs():
+  """The v4-8 train step per mesh and model overrides, built on first use and shared by the tests below: jax compiles
+  each once, however many tests analyse or compile it."""
+  cache = {}
+
+  def get(mesh, **model):
+    key = (mesh, tuple(sorted(model.items())))
+    if key not in cache:
+      cache[key] = _train_step(small_config(mesh, **model))
+    return cache[key]
+
+  return get
+
+
+@pytest.fixture(scope='module')
+def analyses(programs):
   """One compiled analysis per mesh, made on first use and shared by the tests below."""
   cache = {}
 
   def get(mesh):
     if mesh not in cache:
-      cache[mesh] = aot.analyze_train_step(small_config(mesh), TOPOLOGY)
+      cache[mesh] = aot.analyze_program(programs(mesh), TOPOLOGY)
     return cache[mesh]
 
   return get
@@ -58,7 +73,7 @@ def _param_bytes(program: aot.Program) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize('mesh', ['data', 'fsdp', 'fsdp_tensor'])
-def test_train_step_compiles_for_v4_8(analyses, mesh):
+def test_train_step_compiles_for_v4_8(programs, analyses, mesh):
   analysis = analyses(mesh)
   assert analysis.num_chips == 4 and analysis.fits
   assert analysis.flops * analysis.num_chips >= analysis.model_flops  # the analytic count is matmuls only
@@ -68,7 +83,7 @@ def test_train_step_compiles_for_v4_8(analyses, mesh):
   collectives = analysis.collectives
   assert collectives['all-reduce'].count > 0  # gradients (data) or partial sums (fsdp, tensor)
   if mesh == 'data':  # mesh.shard_optimizer: each chip updates a quarter of the parameters, then gathers them all
-    assert collectives['all-gather'].bytes >= 0.9 * _param_bytes(_train_step(small_config(mesh)))
+    assert collectives['all-gather'].bytes >= 0.9 * _param_bytes(programs(mesh))
   else:
     assert collectives['all-gather'].count > 0 and collectives['all-gather'].bytes > 0  # sharded parameters
 
@@ -89,8 +104,8 @@ def test_a_tpu_program_compiled_on_a_cpu_host_makes_the_tpus_choices():
 
 
 @pytest.mark.slow
-def test_fsdp_holds_a_quarter_of_the_state_per_chip_and_data_parallel_a_quarter_of_adams(analyses):
-  total = _param_bytes(_train_step(small_config('data')))
+def test_fsdp_holds_a_quarter_of_the_state_per_chip_and_data_parallel_a_quarter_of_adams(programs, analyses):
+  total = _param_bytes(programs('data'))
   data, fsdp = analyses('data').arguments, analyses('fsdp').arguments
   assert data['params'] == total
   # Everything with an 'embed' axis is split 4 ways; only the FFN's hidden biases (d_ff per layer) and the
@@ -123,10 +138,10 @@ def test_the_parameters_are_donated_unless_zero1_gathers_them_on_a_tpu():
 
 @pytest.mark.slow
 @pytest.mark.parametrize('mesh', ['data', 'fsdp'])
-def test_zero1_on_a_tpu_keeps_the_parameters_buffers(mesh):
+def test_zero1_on_a_tpu_keeps_the_parameters_buffers(programs, mesh):
   """The v4-8 data mesh's step (ZeRO-1) writes the new parameters to buffers of their own and the rest of the state
   to the donated ones (`steps.donates_params`); the FSDP mesh's donates all of it."""
-  program = _train_step(small_config(mesh))
+  program = programs(mesh)
   state = program.args[0]
   params = range(1, 1 + len(jax.tree.leaves(state.params)))  # the step's arguments: the state's fields, then batch
   arguments = range(len(jax.tree.leaves(state)))
@@ -183,11 +198,11 @@ def test_advice_names_the_dominant_cost(mesh, remat, params, temps, expected):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('attention_dropout,kernel', [(0.0, 'splash_mha'), (0.1, 'attention_dropout')])
-def test_flash_tpu_kernel_compiles_inside_the_train_step(attention_dropout, kernel):
-  """jax's splash kernel, or with attention dropout our own (`flash_attention._flash_tpu_dropout`), compiled by
-  Mosaic for a TPU, with heads split over the tensor axis."""
-  config = small_config('fsdp_tensor', attention='flash_tpu', attention_dropout=attention_dropout)
-  hlo = aot.compile_program(_train_step(config)).as_text()
+def test_flash_tpu_kernel_compiles_inside_the_train_step(programs, attention_dropout, kernel):
+  """`auto` attention on a TPU: jax's splash kernel, or with attention dropout our own
+  (`flash_attention._flash_tpu_dropout`), compiled by Mosaic for a TPU, with heads split over the tensor axis."""
+  model = {'attention_dropout': attention_dropout} if attention_dropout else {}  # without: the analysed program
+  hlo = aot.compile_program(programs('fsdp_tensor', **model)).as_text()
   # 1 encoder + 2 decoder attentions, forward and backward (one backward kernel each): Mosaic custom calls.
   calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
   assert len(calls) == 6 and all(kernel in line for line in calls)
