@@ -59,17 +59,19 @@ class DispatchWindow:
 
 class _CompiledSteps:
   """The train step compiled for every batch shape of the run before the first step (token budgets have one per
-  length bucket): lowered in turn, compiled in parallel (XLA compiles outside the GIL), the time reported. A
-  shape nobody foresaw still compiles when it comes, and is reported as such."""
+  length bucket): lowered in turn, each compiled in a thread of its own as soon as it is lowered (XLA compiles
+  outside the GIL, beside the next shape's tracing), the time reported. A shape nobody foresaw still compiles
+  when it comes, and is reported as such."""
 
   def __init__(self, run: run_builder.Run, state, report: reporting.TrainReport, step: int):
     self._jitted, self._report = run.train_step, report
     start = time.time()
-    lowered = {self._key(shape): run.train_step.lower(state, run.abstract_batch(shape))
-               for shape in run.train_batch_shapes}
-    with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
-      self._compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
-    report.compilation(step, time.time() - start, f'the train step for {len(lowered)} batch shape(s)')
+    shapes = run.train_batch_shapes
+    with concurrent.futures.ThreadPoolExecutor(len(shapes)) as pool:
+      compiling = {self._key(shape): pool.submit(run.train_step.lower(state, run.abstract_batch(shape)).compile)
+                   for shape in shapes}
+      self._compiled = {key: future.result() for key, future in compiling.items()}
+    report.compilation(step, time.time() - start, f'the train step for {len(compiling)} batch shape(s)')
 
   @staticmethod
   def _key(shapes: dict) -> tuple:
