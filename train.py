@@ -44,12 +44,13 @@ def compile_only(config) -> None:
   """--compile_only: every program of the run compiled for --topology, reported; one line if one does not fit."""
   from transformer_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
   config_lib.validate(config, data_splits=())
-  results = aot.compile_run(config, _TOPOLOGY.value)
-  for what, analysis in results:
-    print(f'{what}:\n{aot.summary(analysis)}\n')
-  for what, analysis in results:
+  unfit = []
+  for what, analysis in aot.compile_run(config, _TOPOLOGY.value):
+    print(f'{what}:\n{aot.summary(analysis)}\n', flush=True)  # each as it is compiled: a program takes minutes
     if not analysis.fits:
-      raise ValueError(f'{what} does not fit on {_TOPOLOGY.value}: {aot.advice(analysis, config)}')
+      unfit.append(f'{what} does not fit on {_TOPOLOGY.value}: {aot.advice(analysis, config)}')
+  if unfit:
+    raise ValueError(unfit[0])
 
 
 def main(argv):

@@ -366,6 +366,16 @@ def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_point
   assert not (tmp_path / 'w').exists()
 
 
+def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
+  """train.py --compile_only prints each program's report before it compiles the next (a TPU compile of the
+  paper's models takes minutes): `aot.compile_run` compiles one program for each report it gives."""
+  compiled = []
+  monkeypatch.setattr(aot, 'analyze_program', lambda program, topology: compiled.append(program.what) or topology)
+  reports = aot.compile_run(small_config('data'), TOPOLOGY)
+  assert next(reports) == ('train step, batch 32×64', TOPOLOGY) and compiled == ['train step, batch 32×64']
+  assert list(reports) == [('eval step, batch 64×64', TOPOLOGY)] and len(compiled) == 2
+
+
 def test_fits_cache_compiles_again_a_row_cached_before_the_analysis_gained_a_field(tmp_path):
   row = dict(_analysis(1, 1, 1).as_dict(), model='base', topology='v5e-8', mesh='data')
   old = {k: v for k, v in row.items() if k != 'hbm_bytes'} | {'mesh': 'fsdp'}

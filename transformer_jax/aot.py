@@ -19,6 +19,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Iterator
 
 import jax
 import ml_collections
@@ -485,11 +486,12 @@ def compile_program(program: Program, compiler_options: dict | None = None):
     return program.jitted.lower(*program.args).compile(compiler_options)
 
 
-def compile_run(config: ml_collections.ConfigDict, topology: str) -> list[tuple[str, Analysis]]:
-  """Every program a run of `config` compiles (`run_programs`), compiled for `topology`; for train.py's
+def compile_run(config: ml_collections.ConfigDict, topology: str) -> Iterator[tuple[str, Analysis]]:
+  """Every program a run of `config` compiles (`run_programs`), compiled for `topology` one at a time and each
+  given as soon as it is compiled (a TPU compile of the paper's base model holds gigabytes); for train.py's
   --compile_only."""
-  return [(program.what, analyze_program(program, topology))
-          for program in run_programs(config, topology_devices(topology))]
+  for program in run_programs(config, topology_devices(topology)):
+    yield program.what, analyze_program(program, topology)
 
 
 def advice(analysis: Analysis, config: ml_collections.ConfigDict) -> str | None:
