@@ -43,7 +43,7 @@ def programs():
   def get(mesh, **model):
     key = (mesh, tuple(sorted(model.items())))
     if key not in cache:
-      cache[key] = _train_step(small_config(mesh, **model))
+      cache[key] = aot.longest_train_step(small_config(mesh, **model), TOPOLOGY)
     return cache[key]
 
   return get
@@ -60,11 +60,6 @@ def analyses(programs):
     return cache[mesh]
 
   return get
-
-
-def _train_step(config) -> aot.Program:
-  """The run's train step for its longest batch shape, with abstract arguments on the v4-8 devices."""
-  return [p for p in aot.run_programs(config, aot.topology_devices(TOPOLOGY)) if p.what.startswith('train')][-1]
 
 
 def _param_bytes(program: aot.Program) -> int:
@@ -89,7 +84,7 @@ def test_train_step_compiles_for_v4_8(programs, analyses, mesh):
 
 
 def _lowered_train_step(cpu_kernels: str) -> str:
-  program = _train_step(small_config('data', cpu_kernels=cpu_kernels))
+  program = aot.longest_train_step(small_config('data', cpu_kernels=cpu_kernels), TOPOLOGY)
   with sharding.activate(program.mesh, program.rules):
     return program.jitted.lower(*program.args).as_text()
 
