@@ -42,10 +42,8 @@ class Run:
 
   def initial_state(self) -> steps.TrainState:
     """The seeded initial state, created in its sharded layout."""
-    state, _ = steps.create_sharded_state(
-        self.model, self.tx, self.config.train.seed, _init_shape(self.mesh), self.mesh, self.rules,
-        shard_optimizer=sharding.shards_optimizer(self.config.mesh.shard_optimizer, self.mesh))
-    return state
+    return steps.sharded_initial_state(self.model, self.tx, self.config.train.seed, _init_shape(self.mesh),
+                                       self.state_shardings)
 
   def abstract_batch(self, shapes: dict[str, tuple[int, int]]) -> dict[str, jax.ShapeDtypeStruct]:
     """A batch of `shapes` as the steps receive it (int32, split over data × fsdp), without data."""

@@ -87,8 +87,12 @@ def create_sharded_state(model, tx, seed, batch_shape, mesh, rules, *,
   """The initial state, created directly in its sharded layout (no full copy on any one device)."""
   _, shardings = abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules,
                                               shard_optimizer=shard_optimizer)
-  state = jax.jit(lambda: nn.unbox(init_state(model, tx, seed, batch_shape)), out_shardings=shardings)()
-  return state, shardings
+  return sharded_initial_state(model, tx, seed, batch_shape, shardings), shardings
+
+
+def sharded_initial_state(model, tx, seed, batch_shape, shardings) -> TrainState:
+  """The initial state created in `shardings` (`abstract_state_and_shardings`'), each device making its shard."""
+  return jax.jit(lambda: nn.unbox(init_state(model, tx, seed, batch_shape)), out_shardings=shardings)()
 
 
 def _micro_batches(batch: dict, count: int) -> dict:
