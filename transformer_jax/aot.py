@@ -11,6 +11,7 @@ CPU (bench.step_costs).
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -25,6 +26,7 @@ import jax
 import ml_collections
 
 from transformer_jax import hlo_costs
+from transformer_jax import host_resources
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import run_builder
 from transformer_jax import sharding
@@ -360,25 +362,21 @@ def compiling_for(devices):
     jax.config.update('jax_persistent_cache_min_compile_time_secs', before)
 
 
-def analyze(jitted, args: tuple, *, topology: str, groups: dict | None = None,
+def analyze(lowered, args: tuple, *, topology: str, groups: dict | None = None,
             model_flops: float | None = None) -> Analysis:
-  """Lowers and compiles `jitted(*args)` (ShapeDtypeStructs with shardings on the topology's devices).
+  """Compiles `lowered` (a jitted function lowered for `args`, ShapeDtypeStructs with shardings on the topology's
+  devices) and reads what it needs; the caller holds `compiling_for` the topology's devices.
 
   groups: name -> a subtree of `args` whose per-chip bytes to report (e.g. params, optimizer state); whatever
-  the groups leave of the argument bytes is reported as 'other'. Lower under the mesh and rules the function
-  needs (`jax.set_mesh`, `nn.logical_axis_rules`).
+  the groups leave of the argument bytes is reported as 'other'.
   """
   topo = get_topology(topology)
   arguments = {name: bytes_per_chip(tree) for name, tree in (groups or {}).items()}
   common = dict(topology=topology, num_chips=topo.num_chips, hbm_capacity=topo.chip.hbm_bytes,
                 peak_flops=topo.chip.peak_flops, hbm_bandwidth=topo.chip.hbm_bandwidth, model_flops=model_flops)
-  devices = topology_devices(topology)
-  with compiling_for(devices):
-    lowered = jitted.lower(*args)
   start = time.perf_counter()
   try:
-    with compiling_for(devices):
-      compiled = lowered.compile()
+    compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     found = _OOM_RE.search(str(e))
     if not str(e).startswith('RESOURCE_EXHAUSTED') or not found:
@@ -462,16 +460,29 @@ def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
   return programs
 
 
-def analyze_program(program: Program, topology: str) -> Analysis:
+def _lowered(program: Program):
   with sharding.activate(program.mesh, program.rules):
-    return analyze(program.jitted, program.args, topology=topology, groups=program.groups,
-                   model_flops=program.model_flops)
+    return program.jitted.lower(*program.args)
+
+
+def _analysis(program: Program, lowered, topology: str) -> Analysis:
+  return analyze(lowered, program.args, topology=topology, groups=program.groups, model_flops=program.model_flops)
+
+
+def analyze_program(program: Program, topology: str) -> Analysis:
+  """`program` lowered, compiled for `topology` and analysed."""
+  with compiling_for(program.mesh.devices.flat):
+    return _analysis(program, _lowered(program), topology)
 
 
 def longest_train_step(config: ml_collections.ConfigDict, topology: str) -> Program:
   """The train step of `config` for its longest batch shape (token budget: the most attention memory) on
   `topology`'s devices (the config's mesh must use its chips)."""
-  return [p for p in run_programs(config, topology_devices(topology)) if p.what.startswith('train')][-1]
+  return _longest_train_step(run_programs(config, topology_devices(topology)))
+
+
+def _longest_train_step(programs: list[Program]) -> Program:
+  return [p for p in programs if p.what.startswith('train')][-1]
 
 
 def analyze_train_step(config: ml_collections.ConfigDict, topology: str) -> Analysis:
@@ -482,16 +493,45 @@ def analyze_train_step(config: ml_collections.ConfigDict, topology: str) -> Anal
 def compile_program(program: Program, compiler_options: dict | None = None):
   """The compiled executable of a program, lowered under its mesh and rules (for reading its HLO); XLA's
   `compiler_options` (e.g. xla_dump_to) if given."""
-  with sharding.activate(program.mesh, program.rules), compiling_for(program.mesh.devices.flat):
-    return program.jitted.lower(*program.args).compile(compiler_options)
+  with compiling_for(program.mesh.devices.flat):
+    return _lowered(program).compile(compiler_options)
+
+
+def concurrent_compiles(peak_bytes: int, available_bytes: int | None, cores: int, programs: int) -> int:
+  """How many programs to compile at once: as many compiles of `peak_bytes` each as the host's available memory
+  holds, no more than its cores or the programs, at least one; one where the OS does not say what is available."""
+  if available_bytes is None:
+    return 1
+  return max(1, min(cores, programs, available_bytes // max(peak_bytes, 1)))
 
 
 def compile_run(config: ml_collections.ConfigDict, topology: str) -> Iterator[tuple[str, Analysis]]:
-  """Every program a run of `config` compiles (`run_programs`), compiled for `topology` one at a time and each
-  given as soon as it is compiled (a TPU compile of the paper's base model holds gigabytes); for train.py's
-  --compile_only."""
-  for program in run_programs(config, topology_devices(topology)):
-    yield program.what, analyze_program(program, topology)
+  """Every program a run of `config` compiles (`run_programs`), compiled for `topology` and each given as soon as it
+  is compiled; for train.py's --compile_only.
+
+  The longest train step compiles first, alone: the memory its compile took (a TPU compile of the paper's base
+  model holds gigabytes) sizes the others', which then compile as many at once as the host's available memory and
+  cores allow (`concurrent_compiles`), each lowered while those before it compile (XLA compiles outside the GIL).
+  """
+  programs = run_programs(config, topology_devices(topology))
+  first = _longest_train_step(programs)
+  rest = [p for p in programs if p is not first]
+  with compiling_for(first.mesh.devices.flat):
+    before = host_resources.resident_bytes()
+    yield first.what, _analysis(first, _lowered(first), topology)
+    workers = concurrent_compiles(host_resources.peak_resident_bytes() - before, host_resources.available_bytes(),
+                                  host_resources.usable_cores(), len(rest))
+    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='compile')
+    try:
+      compiling = {}
+      for program in rest:
+        compiling[pool.submit(_analysis, program, _lowered(program), topology)] = program.what
+        for future in [f for f in compiling if f.done()]:
+          yield compiling.pop(future), future.result()
+      for future in concurrent.futures.as_completed(list(compiling)):
+        yield compiling.pop(future), future.result()
+    finally:
+      pool.shutdown(cancel_futures=True)  # an error or an early stop: no program starts compiling after it
 
 
 def advice(analysis: Analysis, config: ml_collections.ConfigDict) -> str | None:
