@@ -1,6 +1,6 @@
 """This host's memory and cores as concurrent work sees them: the memory it can still take (Linux's MemAvailable,
-capped by the cgroup's limit in a container), this process's resident set now and at its peak, and the cores it may
-run on. `aot.compile_run` sizes its concurrent compiles by them."""
+capped by a container's cgroup v2 memory limit), this process's resident set now and at its peak, and the cores it
+may run on. `aot.compile_run` sizes its concurrent compiles by them."""
 
 import os
 import resource
@@ -41,9 +41,10 @@ def resident_bytes() -> int:
 def peak_resident_bytes() -> int:
   """The largest resident set this process has had (Linux's VmHWM, which counts the resident set of this moment;
   getrusage's figure, elsewhere, may lag it)."""
-  status = _read('/proc/self/status')
-  if status is not None:
-    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith('VmHWM:'))
+  status = _read('/proc/self/status') or ''
+  high_water = [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith('VmHWM:')]
+  if high_water:
+    return high_water[0]
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return peak if sys.platform == 'darwin' else peak * 1024  # macOS gives bytes, the others KiB
 
