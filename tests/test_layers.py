@@ -31,7 +31,8 @@ LAYERS = {
     6: ('transformer_jax', 'transformer_jax.data', 'transformer_jax.config', 'transformer_jax.model_config',
         'transformer_jax.sections', 'transformer_jax.tokens', 'transformer_jax.workdir', 'transformer_jax.sharding',
         'transformer_jax.distributed', 'transformer_jax.files', 'transformer_jax.errors',
-        'transformer_jax.xla_options', 'transformer_jax.pallas_mode', 'transformer_jax.host_resources'),
+        'transformer_jax.xla_options', 'transformer_jax.pallas_mode', 'transformer_jax.host_resources',
+        'transformer_jax.concurrent_compiles'),
 }
 FLOOR = {module: floor for floor, modules in LAYERS.items() for module in modules}
 

@@ -11,7 +11,6 @@ CPU (bench.step_costs).
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32
 """
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -25,8 +24,8 @@ from collections.abc import Iterator
 import jax
 import ml_collections
 
+from transformer_jax import concurrent_compiles
 from transformer_jax import hlo_costs
-from transformer_jax import host_resources
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import run_builder
 from transformer_jax import sharding
@@ -497,41 +496,17 @@ def compile_program(program: Program, compiler_options: dict | None = None):
     return _lowered(program).compile(compiler_options)
 
 
-def concurrent_compiles(peak_bytes: int, available_bytes: int | None, cores: int, programs: int) -> int:
-  """How many programs to compile at once: as many compiles of `peak_bytes` each as the host's available memory
-  holds, no more than its cores or the programs, at least one; one where the OS does not say what is available."""
-  if available_bytes is None:
-    return 1
-  return max(1, min(cores, programs, available_bytes // max(peak_bytes, 1)))
-
-
 def compile_run(config: ml_collections.ConfigDict, topology: str) -> Iterator[tuple[str, Analysis]]:
   """Every program a run of `config` compiles (`run_programs`), compiled for `topology` and each given as soon as it
-  is compiled; for train.py's --compile_only.
-
-  The longest train step compiles first, alone: the memory its compile took (a TPU compile of the paper's base
-  model holds gigabytes) sizes the others', which then compile as many at once as the host's available memory and
-  cores allow (`concurrent_compiles`), each lowered while those before it compile (XLA compiles outside the GIL).
-  """
+  is compiled; for train.py's --compile_only. The longest train step compiles first, alone, and the others as many
+  at once as the memory its compile took allows (`concurrent_compiles`), as the trainer compiles its batch shapes."""
   programs = run_programs(config, topology_devices(topology))
   first = _longest_train_step(programs)
-  rest = [p for p in programs if p is not first]
+  ordered = [first] + [p for p in programs if p is not first]
   with compiling_for(first.mesh.devices.flat):
-    before = host_resources.resident_bytes()
-    yield first.what, _analysis(first, _lowered(first), topology)
-    workers = concurrent_compiles(host_resources.peak_resident_bytes() - before, host_resources.available_bytes(),
-                                  host_resources.usable_cores(), len(rest))
-    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='compile')
-    try:
-      compiling = {}
-      for program in rest:
-        compiling[pool.submit(_analysis, program, _lowered(program), topology)] = program.what
-        for future in [f for f in compiling if f.done()]:
-          yield compiling.pop(future), future.result()
-      for future in concurrent.futures.as_completed(list(compiling)):
-        yield compiling.pop(future), future.result()
-    finally:
-      pool.shutdown(cancel_futures=True)  # an error or an early stop: no program starts compiling after it
+    for program, analysis in concurrent_compiles.compile_all(
+        ordered, _lowered, lambda program, lowered: _analysis(program, lowered, topology)):
+      yield program.what, analysis
 
 
 def advice(analysis: Analysis, config: ml_collections.ConfigDict) -> str | None:

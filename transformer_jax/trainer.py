@@ -6,7 +6,6 @@ teacher-forced evaluation through `scoring`; the run directory's layout through 
 """
 
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -18,6 +17,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
+from transformer_jax import concurrent_compiles
 from transformer_jax import ensemble
 from transformer_jax import preemption
 from transformer_jax import reporting
@@ -59,19 +59,18 @@ class DispatchWindow:
 
 class _CompiledSteps:
   """The train step compiled for every batch shape of the run before the first step (token budgets have one per
-  length bucket): lowered in turn, each compiled in a thread of its own as soon as it is lowered (XLA compiles
-  outside the GIL, beside the next shape's tracing), the time reported. A shape nobody foresaw still compiles
-  when it comes, and is reported as such."""
+  length bucket): the longest first, alone, then the others as many at once as the memory its compile took allows
+  (`concurrent_compiles`, as `--compile_only` compiles them), each lowered while those before it compile; the time
+  reported. A shape nobody foresaw still compiles when it comes, and is reported as such."""
 
   def __init__(self, run: run_builder.Run, state, report: reporting.TrainReport, step: int):
     self._jitted, self._report = run.train_step, report
     start = time.time()
-    shapes = run.train_batch_shapes
-    with concurrent.futures.ThreadPoolExecutor(len(shapes)) as pool:
-      compiling = {self._key(shape): pool.submit(run.train_step.lower(state, run.abstract_batch(shape)).compile)
-                   for shape in shapes}
-      self._compiled = {key: future.result() for key, future in compiling.items()}
-    report.compilation(step, time.time() - start, f'the train step for {len(compiling)} batch shape(s)')
+    shapes = run.train_batch_shapes[::-1]  # the longest (the last bucket's) first
+    self._compiled = {self._key(shape): compiled for shape, compiled in concurrent_compiles.compile_all(
+        shapes, lambda shape: run.train_step.lower(state, run.abstract_batch(shape)),
+        lambda shape, lowered: lowered.compile())}
+    report.compilation(step, time.time() - start, f'the train step for {len(shapes)} batch shape(s)')
 
   @staticmethod
   def _key(shapes: dict) -> tuple:
