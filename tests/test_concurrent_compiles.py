@@ -68,14 +68,21 @@ def test_each_compile_hands_the_memory_it_freed_back(monkeypatch):
   assert len(events) == 6 and all(events[events.index(item) + 1] == 'released' for item in 'abc')
 
 
-def test_a_failed_compile_is_raised():
+@pytest.mark.parametrize('failing', ['a', 'b'])
+def test_a_failed_compile_is_raised(failing):
+  """The first compile's error comes before any other compile starts; a later one's when it is given."""
+  started = []
+
   def compile_lowered(item, lowered):
-    if item == 'b':
-      raise ValueError('b does not compile')
+    started.append(item)
+    if item == failing:
+      raise ValueError(f'{item} does not compile')
     return item
 
-  with pytest.raises(ValueError, match='b does not compile'):
+  with pytest.raises(ValueError, match=f'{failing} does not compile'):
     list(concurrent_compiles.compile_all(['a', 'b', 'c'], str, compile_lowered))
+  if failing == 'a':
+    assert started == ['a']
 
 
 @pytest.mark.parametrize('peak, available, cores, programs, expected', [

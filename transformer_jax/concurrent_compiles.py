@@ -51,7 +51,7 @@ def compile_all(items: Sequence[Item], lower: Callable[[Item], object],
     for index, item in enumerate(items[1:], start=2):
       lowered.append((item, lower(item)))
       if pool is None and (first.done() or index == len(items)):
-        concurrent.futures.wait([first])
+        first.result()  # the first compile's error, raised before any other compile starts
         pool = concurrent.futures.ThreadPoolExecutor(
             how_many(host_resources.peak_resident_bytes() - before, host_resources.available_bytes(),
                      host_resources.usable_cores(), len(items) - 1), thread_name_prefix='compile')
