@@ -1,6 +1,7 @@
 """Several programs compiled at once (`concurrent_compiles`): the first alone with the others lowered beside it,
 then as many at once as the memory it took allows; and the host's readings (`host_resources`) that size them."""
 
+import collections
 import threading
 
 import numpy as np
@@ -61,11 +62,15 @@ def test_the_others_compile_as_many_at_once_as_memory_allows(monkeypatch):
 
 
 def test_each_compile_hands_the_memory_it_freed_back(monkeypatch):
-  events = []
-  monkeypatch.setattr(host_resources, 'release_freed_memory', lambda: events.append('released'))
-  compile_lowered = lambda item, lowered: events.append(item)
-  list(concurrent_compiles.compile_all(['a', 'b', 'c'], str, compile_lowered))
-  assert len(events) == 6 and all(events[events.index(item) + 1] == 'released' for item in 'abc')
+  """Every compile is followed, in its own thread, by the release (compiles in other threads may interleave)."""
+  events = collections.defaultdict(list)  # compile thread -> what happened in it, in order
+  record = lambda what: events[threading.current_thread().name].append(what)
+  monkeypatch.setattr(host_resources, 'release_freed_memory', lambda: record('released'))
+  list(concurrent_compiles.compile_all(['a', 'b', 'c'], str, lambda item, lowered: record(item)))
+  in_threads = [what for thread in events.values() for what in thread]
+  assert sorted(in_threads) == ['a', 'b', 'c', 'released', 'released', 'released']
+  for thread in events.values():
+    assert thread[1::2] == ['released'] * (len(thread) // 2) and 'released' not in thread[::2]
 
 
 @pytest.mark.parametrize('failing', ['a', 'b'])
