@@ -43,7 +43,7 @@ flags.register_validator('topology', lambda topology: topology is None or _COMPI
 def compile_only(config) -> None:
   """--compile_only: every program of the run compiled for --topology, reported; one line if one does not fit."""
   from transformer_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
-  config_lib.validate(config, data_splits=())
+  config_lib.validate(config, data_splits=(), overrides=cli.overrides())
   unfit = []
   for what, analysis in aot.compile_run(config, _TOPOLOGY.value):
     print(f'{what}:\n{aot.summary(analysis)}\n', flush=True)  # each as it is compiled: a program takes minutes
@@ -65,7 +65,7 @@ def main(argv):
   reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
   distributed.initialize_from_flags()
   from transformer_jax import config, scoring, trainer  # pylint: disable=import-outside-toplevel
-  config.validate(_CONFIG.value)
+  config.validate(_CONFIG.value, overrides=cli.overrides())
   logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
   if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR, if set, wins
     jax.config.update('jax_compilation_cache_dir', trainer.compilation_cache_dir(_CONFIG.value.train, _WORKDIR.value))

@@ -100,9 +100,15 @@ def tiny_config(**overrides) -> ml_collections.ConfigDict:
   return config
 
 
-def flag_args(**overrides) -> list[str]:
-  """train.py --config.* flags for TINY plus overrides (same '__' convention as tiny_config)."""
-  values = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+def flag_args(config: str = DEFAULT_CONFIG, **overrides) -> list[str]:
+  """train.py --config.* flags of the config file `config` for TINY plus overrides (same '__' convention as
+  tiny_config); TINY's keys the run does not read (the other batching's sizes, translation's beam for a language
+  model) are left out, as train.py refuses an override it would not read."""
+  given = {k.replace('__', '.'): v for k, v in overrides.items()}
+  run = config_lib.load_file(config)
+  choosers = {chooser for chooser, _ in config_lib.MODE_KEYS.values()}
+  run.update_from_flattened_dict({key: value for key, value in given.items() if key in choosers})
+  values = {**{key: value for key, value in TINY.items() if config_lib.is_read(run, key)}, **given}
   args = []
   for path, value in values.items():
     if isinstance(value, dict):
@@ -116,7 +122,7 @@ def flag_args(**overrides) -> list[str]:
 
 def train_args(workdir: str, *extra: str, config: str = DEFAULT_CONFIG, **overrides) -> list[str]:
   """train.py's path and flags for a run of TINY plus overrides (what follows `python`)."""
-  return [TRAIN_PY, f'--config={config}', f'--workdir={workdir}', *flag_args(**overrides), *extra]
+  return [TRAIN_PY, f'--config={config}', f'--workdir={workdir}', *flag_args(config, **overrides), *extra]
 
 
 def train_command(workdir: str, *extra: str, config: str = DEFAULT_CONFIG, **overrides) -> list[str]:

@@ -283,6 +283,8 @@ def _run(entry_points, args, stdin=None):
      'CFG/train.source does not exist: fix data config key files.train.source'),
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
+    (['eval.py', f'--workdir={LEGACY}', '--config.decode.top_k=5'],
+     "--config.decode.top_k is not read while model.architecture='encoder_decoder', only when it is 'decoder_only'"),
     (['eval.py', f'--workdir={LEGACY}', '--config.model.attention=flash_tpu'],
      "model.attention='flash_tpu' is a TPU kernel, and this step is compiled for CPU devices: set"),
     (['train.py', '--workdir=W', '--config.model.attention=flash_gpu'],

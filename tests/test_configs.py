@@ -4,6 +4,7 @@ one line."""
 
 import glob
 import os
+import re
 
 import ml_collections
 import pytest
@@ -225,6 +226,57 @@ def test_validate_rejects_unknown_mesh_axes():
     config_lib.validate(config)
 
 
+# (config file, overrides, the override refused and the choice that leaves it unread)
+_UNREAD = [
+    ('default.py', {'pipeline.tokens_per_batch': 4096}, "pipeline.tokens_per_batch is not read while "
+     "pipeline.batching='packed', only when it is 'token_budget': drop it, or pass --config.pipeline.batching="
+     "token_budget too."),
+    ('wmt14_ende_base.py:runlocal', {'pipeline.batch_size': 64}, "batching='token_budget', only when it is 'packed'"),
+    ('default.py', {'data.files.train.source': 'train.en', 'data.files.train.target': 'train.de'},
+     "data.files.train.source is not read while data.source='builtin', only when it is 'files'"),
+    ('default.py', {'data.tfds_name': 'wmt14_translate/fr-en'}, "data.source='builtin', only when it is 'tfds'"),
+    ('default.py', {'decode.temperature': 0.5}, "model.architecture='encoder_decoder', only when it is 'decoder_only'"),
+    ('lm_default.py', {'decode.beam_size': 8}, "model.architecture='decoder_only', only when it is 'encoder_decoder'"),
+    ('default.py', {'train.learning_rate': 0.1}, "train.schedule='paper', only when it is 'linear_warmup_rsqrt' or "),
+    ('lm1b.py', {'train.learning_rate_scale': 2.0}, "train.schedule='linear_warmup_rsqrt', only when it is 'paper'"),
+    ('default.py', {'model.attention_chunk_size': 64}, "model.attention='auto', only when it is 'chunked' or"),
+]
+
+
+@pytest.mark.parametrize('spec,overrides,message', _UNREAD)
+def test_an_override_the_run_would_not_read_is_refused_in_one_line(spec, overrides, message):
+  """A --config override that the config's choices leave unread would change nothing: refused, naming the choice."""
+  with pytest.raises(ValueError, match=re.escape(message)) as error:
+    config_lib.load(f'configs/{spec}', overrides)
+  assert '\n' not in str(error.value)
+
+
+# What a choice needs besides itself: the files of every split, no encoder for a language model.
+_CHOICE_NEEDS = {'files': {'data.files.validation.tsv': 'v.tsv', 'data.files.test.tsv': 't.tsv'},
+                 'decoder_only': {'model.num_encoder_layers': 0}}
+
+
+@pytest.mark.parametrize('spec,overrides,message', _UNREAD)
+def test_the_same_override_with_the_choice_that_reads_it_loads(spec, overrides, message):
+  del message
+  key = next(iter(overrides))
+  chooser, readers = next(rule for path, rule in config_lib.MODE_KEYS.items() if key.startswith(path))
+  choice = {chooser: readers[0], **_CHOICE_NEEDS.get(readers[0], {})}
+  config = config_lib.load(f'configs/{spec}', {**choice, **overrides})
+  assert all(config_lib.is_read(config, key) for key in overrides)
+
+
+def test_every_mode_key_names_a_key_and_choices_its_chooser_accepts():
+  """`MODE_KEYS` names keys of the config, and each choice that reads one passes the chooser's own check."""
+  for key, (chooser, readers) in config_lib.MODE_KEYS.items():
+    assert config_lib.unknown_key(config_lib.base_config(), key) is None, key
+    for choice in readers:
+      config = config_lib.base_config()
+      config.update_from_flattened_dict({chooser: choice, **_CHOICE_NEEDS.get(choice, {})})
+      config_lib.validate(config, data_splits=())  # an unknown choice would fail here
+      assert config_lib.is_read(config, key)
+
+
 @pytest.mark.parametrize('args,message', [
     (['--config=configs/wmt14_ende_base.py:runlocal', '--config.train.warmup_steps=100000'],
      'error: train.warmup_steps=100000 > train.num_steps=200'),
@@ -232,6 +284,8 @@ def test_validate_rejects_unknown_mesh_axes():
      "a --config.* override names no key of the config: 'model'"),
     (['--config=configs/wmt14_ende_base.py:A_h99'], "unknown config argument(s) ['A_h99']"),
     (['--config=configs/wsj_parsing.py'], 'data.files.train.source and .target (or .tsv)'),
+    (['--config.data.files.train.source=train.en', '--config.data.files.train.target=train.de'],
+     "error: --config.data.files.train.source is not read while data.source='builtin'"),  # not silently the corpus
 ])
 @pytest.mark.slow
 def test_train_py_fails_with_one_line(entry_points, tmp_path, args, message):

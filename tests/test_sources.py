@@ -83,10 +83,11 @@ def test_files_and_tfds_dir_are_settable_as_flags_on_the_default_config(tmp_path
       path = tmp_path / f'{split}.{side}'
       path.write_text(text)
       files[f'data.files.{split}.{side}'] = str(path)
-  config = config_lib.load('configs/default.py', {'data.source': 'files', 'data.tfds_data_dir': '/data/tfds',
-                                                  **files})
+  config = config_lib.load('configs/default.py', {'data.source': 'files', **files})
   config_lib.validate(config)  # with data paths, as train.py checks them
   assert list(sources.load_split(config.data, 'test')) == [('a b', 'x'), ('c', 'y z')]
+  config = config_lib.load('configs/default.py', {'data.source': 'tfds', 'data.tfds_data_dir': '/data/tfds'})
+  assert config.data.tfds_data_dir == '/data/tfds'
   config = config_lib.load('configs/default.py', {'data.source': 'files'})
   with pytest.raises(ValueError, match=r"data.source='files' needs data.files.train.source and .target \(or .tsv\), "
                                        r"got \[\]: pass --config.data.files.train.source=PATH"):

@@ -20,7 +20,7 @@ tokenizer's vocabulary size, and the model's max length and the pipeline's lengt
 
 import difflib
 import inspect
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
@@ -40,6 +40,13 @@ from transformer_jax.workdir import Workdir
 # runtime choices (same parameters, other computation or layer layout). Everything else is fixed by the training run.
 EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
                    'model.cpu_kernels', 'model.residual_norm_kernel', 'model.scan_layers')
+
+# Keys that only some settings of another key read: dotted key -> (the dotted key that chooses, the choices that read
+# it). Each section declares its own; an override of one the run would not read is an error (`check_overrides`).
+MODE_KEYS = {f'{name}.{key}': rule
+             for name, section in (('model', model_config), ('data', data), ('pipeline', pipeline), ('train', train),
+                                   ('decode', decode))
+             for key, rule in section.MODE_KEYS.items()}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -61,12 +68,15 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | None = None) -> None:
+def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | None = None,
+             overrides: Iterable[str] = ()) -> None:
   """Every section's checks, then the checks across sections; each problem is one line naming the keys.
 
   data_splits: the splits whose files a `data.source='files'` config must name; None: those a training run
   reads (train, eval.split, eval.test_split); () for config files, whose paths come from the command line.
+  overrides: the dotted keys given as --config.key=value, each of which the run must read (`check_overrides`).
   """
+  check_overrides(config, overrides)
   model = model_config.ModelConfig.from_dict(config.model)
   if data_splits is None:
     data_splits = ('train', config.eval.split, config.eval.test_split)
@@ -81,6 +91,37 @@ def validate(config: ml_collections.ConfigDict, *, data_splits: Sequence[str] | 
   if keep is not None and keep < config.eval.average_last:
     raise ValueError(f'train.keep_checkpoints={keep} < eval.average_last={config.eval.average_last}: the final '
                      'evaluation averages more checkpoints than are kept.')
+
+
+def check_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
+  """Each --config.key=value override is read by the run: one of a key that the config's choices leave unread
+  (`MODE_KEYS`: tokens_per_batch while pipeline.batching is 'packed', a file while data.source is 'builtin') is
+  an error saying which choice reads it, not a setting silently dropped."""
+  for key in overrides:
+    if not is_read(config, key):
+      chooser, readers = _mode_rule(key)
+      raise ValueError(f'--config.{key} is not read while {chooser}={_value(config, chooser)!r}, only when it is '
+                       f'{" or ".join(map(repr, readers))}: drop it, or pass --config.{chooser}={readers[0]} too.')
+
+
+def is_read(config: ml_collections.ConfigDict, key: str) -> bool:
+  """Whether a run of `config` reads the dotted `key` (or the keys under it): false only for `MODE_KEYS` that the
+  config's choice leaves unread."""
+  rule = _mode_rule(key)
+  return rule is None or _value(config, rule[0]) in rule[1]
+
+
+def _mode_rule(key: str) -> tuple[str, tuple[str, ...]] | None:
+  for path, rule in MODE_KEYS.items():
+    if key == path or key.startswith(path + '.'):
+      return rule
+  return None
+
+
+def _value(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  for name in dotted.split('.'):
+    config = config[name]
+  return config
 
 
 def load_file(spec: str) -> ml_collections.ConfigDict:
@@ -110,7 +151,7 @@ def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collection
   `overrides` ({dotted key: value}) applied as --config.key=value would be; validated without data paths."""
   config = load_file(spec)
   _apply(config, overrides or {})
-  validate(config, data_splits=())
+  validate(config, data_splits=(), overrides=overrides or {})
   return config
 
 
@@ -132,7 +173,7 @@ def for_evaluation(workdir: str, overrides: Mapping[str, Any], split: str) -> ml
       raise ValueError(f'--config.{key}: evaluation cannot change {key}, which the training run fixed (see the '
                        f'workdir\'s config.json); it may change {", ".join(EVALUATION_KEYS)}.')
   _apply(config, overrides, flag='--config.')
-  validate(config, data_splits=(split,))
+  validate(config, data_splits=(split,), overrides=overrides)
   return config
 
 

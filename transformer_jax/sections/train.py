@@ -5,6 +5,12 @@ import ml_collections
 
 SCHEDULES = ('paper', 'linear_warmup_rsqrt', 'linear_warmup_cosine', 'constant')
 NONFINITE_MODES = ('stop', 'skip')
+# Keys only some schedules read: key -> (the dotted key that chooses, the choices that read it); `config.MODE_KEYS`.
+MODE_KEYS = {
+    'learning_rate_scale': ('train.schedule', ('paper',)),
+    'learning_rate': ('train.schedule', tuple(s for s in SCHEDULES if s != 'paper')),  # the others' peak
+    'warmup_steps': ('train.schedule', tuple(s for s in SCHEDULES if s != 'constant')),
+}
 
 
 def default_config() -> ml_collections.ConfigDict:
