@@ -28,18 +28,19 @@ from transformer_jax import hlo_costs
 
 
 def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
-  config = config_lib.load(path)
+  """The config file with the `--set` overrides, checked as train.py checks its --config.key=value ones."""
+  config = config_lib.load(path, dict(_parsed(override) for override in overrides))
   aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
   config.model.dtype = 'bfloat16'
-  for override in overrides:
-    key, value = override.split('=', 1)
-    section, name = key.split('.', 1)
-    try:
-      value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      pass
-    config[section][name] = value
   return config
+
+
+def _parsed(override: str) -> tuple[str, object]:
+  key, value = override.split('=', 1)
+  try:
+    return key, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return key, value  # a string
 
 
 def measure(config, topology: str, dump_hlo: str | None = None, registers: bool = False) -> dict:
