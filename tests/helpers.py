@@ -319,7 +319,7 @@ def model_variants(base) -> dict:
 # with greedy search, far from both 0 and 100.
 SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, model__num_heads=4,
                   model__num_encoder_layers=2, model__num_decoder_layers=2, model__max_len=64,
-                  pipeline__packed_length=64, pipeline__bucket_boundaries=(16, 32, 48, 64),
+                  pipeline__packed_length=64,
                   tokenizer__sample_size=10000, data__builtin_train_size=20000, data__builtin_eval_size=200,
                   train__num_steps=300, train__warmup_steps=100, train__checkpoint_every=300, pipeline__batch_size=32,
                   train__log_every=100, eval__batch_size=200, decode__batch_size=200)
