@@ -260,7 +260,7 @@ _CHOICE_NEEDS = {'files': {'data.files.validation.tsv': 'v.tsv', 'data.files.tes
 def test_the_same_override_with_the_choice_that_reads_it_loads(spec, overrides, message):
   del message
   key = next(iter(overrides))
-  chooser, readers = next(rule for path, rule in config_lib.MODE_KEYS.items() if key.startswith(path))
+  chooser, readers = config_lib.mode_rule(key)
   choice = {chooser: readers[0], **_CHOICE_NEEDS.get(readers[0], {})}
   config = config_lib.load(f'configs/{spec}', {**choice, **overrides})
   assert all(config_lib.is_read(config, key) for key in overrides)

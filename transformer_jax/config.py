@@ -99,7 +99,7 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
   an error saying which choice reads it, not a setting silently dropped."""
   for key in overrides:
     if not is_read(config, key):
-      chooser, readers = _mode_rule(key)
+      chooser, readers = mode_rule(key)
       raise ValueError(f'--config.{key} is not read while {chooser}={_value(config, chooser)!r}, only when it is '
                        f'{" or ".join(map(repr, readers))}: drop it, or pass --config.{chooser}={readers[0]} too.')
 
@@ -107,11 +107,12 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
 def is_read(config: ml_collections.ConfigDict, key: str) -> bool:
   """Whether a run of `config` reads the dotted `key` (or the keys under it): false only for `MODE_KEYS` that the
   config's choice leaves unread."""
-  rule = _mode_rule(key)
+  rule = mode_rule(key)
   return rule is None or _value(config, rule[0]) in rule[1]
 
 
-def _mode_rule(key: str) -> tuple[str, tuple[str, ...]] | None:
+def mode_rule(key: str) -> tuple[str, tuple[str, ...]] | None:
+  """The `MODE_KEYS` rule (chooser, the choices that read it) of the dotted `key` or of a key above it; None."""
   for path, rule in MODE_KEYS.items():
     if key == path or key.startswith(path + '.'):
       return rule
