@@ -106,7 +106,7 @@ def flag_args(config: str = DEFAULT_CONFIG, **overrides) -> list[str]:
   model) are left out, as train.py refuses an override it would not read."""
   given = {k.replace('__', '.'): v for k, v in overrides.items()}
   run = config_lib.load_file(config)
-  choosers = {chooser for chooser, _ in config_lib.MODE_KEYS.values()}
+  choosers = {chooser for rule in config_lib.MODE_KEYS.values() for chooser, _ in rule}
   run.update_from_flattened_dict({key: value for key, value in given.items() if key in choosers})
   values = {**{key: value for key, value in TINY.items() if config_lib.is_read(run, key)}, **given}
   args = []

@@ -2,6 +2,7 @@
 the paper setups hold the paper's values, validation catches bad combinations, and train.py reports them in
 one line."""
 
+import copy
 import glob
 import os
 import re
@@ -211,6 +212,12 @@ def test_validate_rejects(change, message):
     config_lib.validate(config)
 
 
+def test_a_warmup_longer_than_the_run_is_allowed_where_the_schedule_has_none():
+  config = _base()
+  config.update_from_flattened_dict({'train.warmup_steps': 1000, 'train.schedule': 'constant'})
+  config_lib.validate(config)  # 'constant' never reads warmup_steps: the paper schedule's check above does not apply
+
+
 def test_validate_rejects_unknown_mesh_axes():
   config = _base()
   config.mesh.shape = {'data': -1, 'model': 2}
@@ -240,6 +247,13 @@ _UNREAD = [
     ('default.py', {'train.learning_rate': 0.1}, "train.schedule='paper', only when it is 'linear_warmup_rsqrt' or "),
     ('lm1b.py', {'train.learning_rate_scale': 2.0}, "train.schedule='linear_warmup_rsqrt', only when it is 'paper'"),
     ('default.py', {'model.attention_chunk_size': 64}, "model.attention='auto', only when it is 'chunked' or"),
+    ('default.py', {'train.warmup_steps': 100, 'train.schedule': 'constant'},
+     "train.warmup_steps is not read while train.schedule='constant'"),
+    # keys of one source that only a language model reads, given with that source to a translation model
+    ('default.py', {'data.text_key': 'content', 'data.source': 'tfds'},
+     "data.text_key is not read while model.architecture='encoder_decoder', only when it is 'decoder_only'"),
+    ('default.py', {'data.documents': 'paragraphs', 'data.source': 'files', 'data.files.train.text': 'train.txt'},
+     "data.documents is not read while model.architecture='encoder_decoder', only when it is 'decoder_only'"),
 ]
 
 
@@ -251,30 +265,43 @@ def test_an_override_the_run_would_not_read_is_refused_in_one_line(spec, overrid
   assert '\n' not in str(error.value)
 
 
-# What a choice needs besides itself: the files of every split, no encoder for a language model.
-_CHOICE_NEEDS = {'files': {'data.files.validation.tsv': 'v.tsv', 'data.files.test.tsv': 't.tsv'},
-                 'decoder_only': {'model.num_encoder_layers': 0}}
+def _with_needs(config: ml_collections.ConfigDict, choice: dict[str, str]) -> dict[str, object]:
+  """`choice` and what it needs besides on `config`: no encoder for a language model, the files of the other splits
+  (a text file each for a language model, else a TSV)."""
+  config = copy.deepcopy(config)
+  config.update_from_flattened_dict(choice)
+  needs = {}
+  if config.model.architecture == 'decoder_only':
+    needs['model.num_encoder_layers'] = 0
+  if config.data.source == 'files':
+    field = 'text' if config.model.architecture == 'decoder_only' else 'tsv'
+    needs.update({f'data.files.{split}.{field}': f'{split}.{field}' for split in ('validation', 'test')})
+  return {**choice, **needs}
 
 
 @pytest.mark.parametrize('spec,overrides,message', _UNREAD)
-def test_the_same_override_with_the_choice_that_reads_it_loads(spec, overrides, message):
+def test_the_same_override_with_the_choices_that_read_it_loads(spec, overrides, message):
   del message
   key = next(iter(overrides))
-  chooser, readers = config_lib.mode_rule(key)
-  choice = {chooser: readers[0], **_CHOICE_NEEDS.get(readers[0], {})}
-  config = config_lib.load(f'configs/{spec}', {**choice, **overrides})
+  choice = {chooser: readers[0] for chooser, readers in config_lib.mode_rule(key)}
+  config = config_lib.load(f'configs/{spec}', {**overrides, **_with_needs(config_lib.load_file(f'configs/{spec}'),
+                                                                          choice)})
   assert all(config_lib.is_read(config, key) for key in overrides)
 
 
 def test_every_mode_key_names_a_key_and_choices_its_chooser_accepts():
-  """`MODE_KEYS` names keys of the config, and each choice that reads one passes the chooser's own check."""
-  for key, (chooser, readers) in config_lib.MODE_KEYS.items():
+  """`MODE_KEYS` names keys of the config, and each choice that reads one passes the chooser's own check (with the
+  key's other conditions met)."""
+  for key, rule in config_lib.MODE_KEYS.items():
     assert config_lib.unknown_key(config_lib.base_config(), key) is None, key
-    for choice in readers:
-      config = config_lib.base_config()
-      config.update_from_flattened_dict({chooser: choice, **_CHOICE_NEEDS.get(choice, {})})
-      config_lib.validate(config, data_splits=())  # an unknown choice would fail here
-      assert config_lib.is_read(config, key)
+    assert rule and all(readers for _, readers in rule), key
+    first = {chooser: readers[0] for chooser, readers in rule}
+    for chooser, readers in rule:
+      for choice in readers:
+        config = config_lib.base_config()
+        config.update_from_flattened_dict(_with_needs(config, {**first, chooser: choice}))
+        config_lib.validate(config, data_splits=())  # an unknown choice would fail here
+        assert config_lib.is_read(config, key)
 
 
 @pytest.mark.parametrize('args,message', [

@@ -41,8 +41,9 @@ from transformer_jax.workdir import Workdir
 EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
                    'model.cpu_kernels', 'model.residual_norm_kernel', 'model.scan_layers')
 
-# Keys that only some settings of another key read: dotted key -> (the dotted key that chooses, the choices that read
-# it). Each section declares its own; an override of one the run would not read is an error (`check_overrides`).
+# Keys that only some settings of other keys read: dotted key -> its conditions, each (the dotted key that chooses,
+# the choices that read it), all of which must hold. Each section declares its own; an override of one the run would
+# not read is an error (`check_overrides`).
 MODE_KEYS = {f'{name}.{key}': rule
              for name, section in (('model', model_config), ('data', data), ('pipeline', pipeline), ('train', train),
                                    ('decode', decode))
@@ -98,25 +99,32 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
   (`MODE_KEYS`: tokens_per_batch while pipeline.batching is 'packed', a file while data.source is 'builtin') is
   an error saying which choice reads it, not a setting silently dropped."""
   for key in overrides:
-    if not is_read(config, key):
-      chooser, readers = mode_rule(key)
+    unmet = unmet_condition(config, key)
+    if unmet is not None:
+      chooser, readers = unmet
       raise ValueError(f'--config.{key} is not read while {chooser}={_value(config, chooser)!r}, only when it is '
                        f'{" or ".join(map(repr, readers))}: drop it, or pass --config.{chooser}={readers[0]} too.')
 
 
 def is_read(config: ml_collections.ConfigDict, key: str) -> bool:
   """Whether a run of `config` reads the dotted `key` (or the keys under it): false only for `MODE_KEYS` that the
-  config's choice leaves unread."""
-  rule = mode_rule(key)
-  return rule is None or _value(config, rule[0]) in rule[1]
+  config's choices leave unread."""
+  return unmet_condition(config, key) is None
 
 
-def mode_rule(key: str) -> tuple[str, tuple[str, ...]] | None:
-  """The `MODE_KEYS` rule (chooser, the choices that read it) of the dotted `key` or of a key above it; None."""
+def unmet_condition(config: ml_collections.ConfigDict, key: str) -> tuple[str, tuple[str, ...]] | None:
+  """The first of the dotted `key`'s `MODE_KEYS` conditions (chooser, the choices that read it) that `config` does
+  not meet; None when the run reads the key."""
+  return next(((chooser, readers) for chooser, readers in mode_rule(key) if _value(config, chooser) not in readers),
+              None)
+
+
+def mode_rule(key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+  """The `MODE_KEYS` conditions of the dotted `key` or of a key above it; () for a key every run reads."""
   for path, rule in MODE_KEYS.items():
     if key == path or key.startswith(path + '.'):
       return rule
-  return None
+  return ()
 
 
 def _value(config: ml_collections.ConfigDict, dotted: str) -> Any:

@@ -9,11 +9,15 @@ SOURCES = ('builtin', 'tfds', 'files')
 DOCUMENTS = ('lines', 'paragraphs')
 FILE_SPLITS = ('train', 'validation', 'test')  # the `files` entries of the default config
 _FILE_KEYS = ('source', 'target', 'tsv', 'text')
-# Keys only some sources read: key -> (the dotted key that chooses, the choices that read it); `config.MODE_KEYS`.
+# Keys only some sources (and kinds of model) read: key -> its conditions, each (the dotted key that chooses, the
+# choices that read it); `config.MODE_KEYS`.
+_LANGUAGE_MODEL = ('model.architecture', ('decoder_only',))  # documents, not sentence pairs
 MODE_KEYS = {
-    **{key: ('data.source', ('builtin',)) for key in ('builtin_seed', 'builtin_train_size', 'builtin_eval_size')},
-    **{key: ('data.source', ('tfds',)) for key in ('tfds_name', 'tfds_data_dir', 'text_key')},
-    **{key: ('data.source', ('files',)) for key in ('files', 'documents')},
+    **{key: (('data.source', ('builtin',)),) for key in ('builtin_seed', 'builtin_train_size', 'builtin_eval_size')},
+    **{key: (('data.source', ('tfds',)),) for key in ('tfds_name', 'tfds_data_dir')},
+    'text_key': (('data.source', ('tfds',)), _LANGUAGE_MODEL),
+    'files': (('data.source', ('files',)),),
+    'documents': (('data.source', ('files',)), _LANGUAGE_MODEL),
 }
 
 

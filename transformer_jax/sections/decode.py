@@ -3,11 +3,12 @@
 
 import ml_collections
 
-# Keys only one kind of model reads: translation's beam search, a language model's sampling; key -> (the dotted key
-# that chooses, the choices that read it); `config.MODE_KEYS`.
+# Keys only one kind of model reads: translation's beam search, a language model's sampling; key -> its conditions,
+# each (the dotted key that chooses, the choices that read it); `config.MODE_KEYS`.
 MODE_KEYS = {
-    **{key: ('model.architecture', ('encoder_decoder',)) for key in ('beam_size', 'alpha', 'max_len_offset')},
-    **{key: ('model.architecture', ('decoder_only',)) for key in ('max_new_tokens', 'temperature', 'top_k', 'top_p')},
+    **{key: (('model.architecture', ('encoder_decoder',)),) for key in ('beam_size', 'alpha', 'max_len_offset')},
+    **{key: (('model.architecture', ('decoder_only',)),)
+       for key in ('max_new_tokens', 'temperature', 'top_k', 'top_p')},
 }
 
 

@@ -7,12 +7,11 @@ import ml_collections
 
 BATCHINGS = ('packed', 'token_budget')
 AUTO_WORKERS = -1  # pipeline.num_workers: as many worker processes as `worker_count` finds right for the host
-# Keys only one batching reads: key -> (the dotted key that chooses, the choices that read it); `config.MODE_KEYS`.
+# Keys only one batching reads: key -> its conditions, each (the dotted key that chooses, the choices that read it);
+# `config.MODE_KEYS`.
 MODE_KEYS = {
-    'packed_length': ('pipeline.batching', ('packed',)),
-    'batch_size': ('pipeline.batching', ('packed',)),
-    'tokens_per_batch': ('pipeline.batching', ('token_budget',)),
-    'bucket_boundaries': ('pipeline.batching', ('token_budget',)),
+    **{key: (('pipeline.batching', ('packed',)),) for key in ('packed_length', 'batch_size')},
+    **{key: (('pipeline.batching', ('token_budget',)),) for key in ('tokens_per_batch', 'bucket_boundaries')},
 }
 
 

@@ -5,11 +5,13 @@ import ml_collections
 
 SCHEDULES = ('paper', 'linear_warmup_rsqrt', 'linear_warmup_cosine', 'constant')
 NONFINITE_MODES = ('stop', 'skip')
-# Keys only some schedules read: key -> (the dotted key that chooses, the choices that read it); `config.MODE_KEYS`.
+# Keys only some schedules read: key -> its conditions, each (the dotted key that chooses, the choices that read it);
+# `config.MODE_KEYS`.
+WARMUP_SCHEDULES = tuple(s for s in SCHEDULES if s != 'constant')
 MODE_KEYS = {
-    'learning_rate_scale': ('train.schedule', ('paper',)),
-    'learning_rate': ('train.schedule', tuple(s for s in SCHEDULES if s != 'paper')),  # the others' peak
-    'warmup_steps': ('train.schedule', tuple(s for s in SCHEDULES if s != 'constant')),
+    'learning_rate_scale': (('train.schedule', ('paper',)),),
+    'learning_rate': (('train.schedule', tuple(s for s in SCHEDULES if s != 'paper')),),  # the others' peak
+    'warmup_steps': (('train.schedule', WARMUP_SCHEDULES),),
 }
 
 
@@ -45,7 +47,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate(train: ml_collections.ConfigDict) -> None:
   check_schedule(train)
-  if train.warmup_steps > train.num_steps:
+  if train.schedule in WARMUP_SCHEDULES and train.warmup_steps > train.num_steps:
     raise ValueError(f'train.warmup_steps={train.warmup_steps} > train.num_steps={train.num_steps}: '
                      'lower the warmup or train longer.')
   if train.on_nonfinite not in NONFINITE_MODES:
