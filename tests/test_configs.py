@@ -247,6 +247,8 @@ _UNREAD = [
     ('default.py', {'train.learning_rate': 0.1}, "train.schedule='paper', only when it is 'linear_warmup_rsqrt' or "),
     ('lm1b.py', {'train.learning_rate_scale': 2.0}, "train.schedule='linear_warmup_rsqrt', only when it is 'paper'"),
     ('default.py', {'model.attention_chunk_size': 64}, "model.attention='auto', only when it is 'chunked' or"),
+    ('default.py', {'model.sinusoids': 'split', 'model.positional': 'learned'},
+     "model.sinusoids is not read while model.positional='learned', only when it is 'sinusoidal'"),
     ('default.py', {'train.warmup_steps': 100, 'train.schedule': 'constant'},
      "train.warmup_steps is not read while train.schedule='constant'"),
     # keys of one source that only a language model reads, given with that source to a translation model

@@ -19,7 +19,8 @@ DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16, 'float16': np.f
 CPU_KERNELS = ('auto', 'on', 'off')  # 'auto': on when the run's devices are CPUs (cpu_backend.enabled)
 # Keys only some choices read: key -> its conditions, each (the dotted key that chooses, the choices that read it);
 # `config.MODE_KEYS`. 'dot_product' runs 'chunked' where it has no attention dropout (`attention.serving`).
-MODE_KEYS = {'attention_chunk_size': (('model.attention', ('chunked', 'dot_product')),)}
+MODE_KEYS = {'attention_chunk_size': (('model.attention', ('chunked', 'dot_product')),),
+             'sinusoids': (('model.positional', ('sinusoidal',)),)}
 
 
 @dataclasses.dataclass(frozen=True)
