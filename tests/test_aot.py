@@ -196,7 +196,7 @@ def test_advice_names_the_dominant_cost(mesh, remat, params, temps, expected):
 @pytest.mark.parametrize('attention_dropout,kernel', [(0.0, 'splash_mha'), (0.1, 'attention_dropout')])
 def test_flash_tpu_kernel_compiles_inside_the_train_step(programs, attention_dropout, kernel):
   """`auto` attention on a TPU: jax's splash kernel, or with attention dropout our own
-  (`flash_attention._flash_tpu_dropout`), compiled by Mosaic for a TPU, with heads split over the tensor axis."""
+  (`flash_tpu._flash_tpu_dropout`), compiled by Mosaic for a TPU, with heads split over the tensor axis."""
   model = {'attention_dropout': attention_dropout} if attention_dropout else {}  # without: the analysed program
   hlo = aot.compile_program(programs('fsdp_tensor', **model)).as_text()
   # 1 encoder + 2 decoder attentions, forward and backward (one backward kernel each): Mosaic custom calls.

@@ -106,7 +106,7 @@ def test_triton_dropout_kernels_agree_with_the_reference():
 def test_flash_gpu_reads_a_stack_of_projections_compiled_by_triton():
   """Compiled by Triton: a fused projections' product read in place (self-attention's keys, values and queries;
   cross-attention's keys and values) and its gradient written by both backward kernels into one array
-  (`flash_attention._places`), equal to the reference on the slices."""
+  (`flash_gpu._places`), equal to the reference on the slices."""
   rng = np.random.default_rng(4)
   valid = jnp.asarray(np.arange(96)[None] < np.array([[96], [50]]))
   self_spec = attention_masks.MaskSpec.self_attention(valid, valid.astype(jnp.int32), causal=True)

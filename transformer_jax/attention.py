@@ -1,5 +1,5 @@
 """Interchangeable attention implementations behind one signature (`attend`), in one table (`IMPLEMENTATIONS`):
-`reference`, `dot_product` and `chunked` (XLA) and the accelerators' flash kernels (`flash_attention`). Each
+`reference`, `dot_product` and `chunked` (XLA) and the accelerators' flash kernels (`flash_tpu`, `flash_gpu`). Each
 returns zeros for a query that may attend to nothing. `serving` is the one rule that says which implementation
 serves a call: `auto` chooses by the platform the step is compiled for, and a choice that cannot serve a call
 (cached decoding, d_k != d_v, attention dropout in a kernel without it) falls back to one that can.
@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from transformer_jax import attention_masks
 from transformer_jax import cpu_backend
 from transformer_jax import dropout_masks
-from transformer_jax import flash_attention
+from transformer_jax import flash_gpu
+from transformer_jax import flash_tpu
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax.attention_masks import NEG
@@ -134,8 +135,8 @@ IMPLEMENTATIONS = {
     'reference': reference_attention,
     'dot_product': dot_product_attention,
     'chunked': chunked_attention,
-    'flash_tpu': flash_attention.flash_tpu_attention,
-    'flash_gpu': flash_attention.flash_gpu_attention,
+    'flash_tpu': flash_tpu.flash_tpu_attention,
+    'flash_gpu': flash_gpu.flash_gpu_attention,
 }
 _DROPOUT = ('reference', 'chunked', 'flash_tpu', 'flash_gpu')  # the implementations with attention dropout
 _AUTO = {'tpu': 'flash_tpu', 'gpu': 'flash_gpu', 'cuda': 'flash_gpu', 'rocm': 'flash_gpu'}  # else 'reference'
