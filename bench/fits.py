@@ -20,6 +20,7 @@ import sys
 from bench import common  # noqa: F401  (makes the repository root importable)
 from transformer_jax import aot
 from transformer_jax import config as config_lib
+from transformer_jax import topologies
 from transformer_jax.data import pipeline
 
 MODELS = {'base': 'configs/wmt14_ende_base.py', 'big': 'configs/wmt14_ende_big.py'}
@@ -30,7 +31,7 @@ DTYPE = 'bfloat16'
 
 def config_for(model: str, topology: str, mesh: str):
   config = config_lib.load(MODELS[model])
-  aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
   config.model.dtype = DTYPE
   return config
 
@@ -111,9 +112,9 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       'HBM (`transformer_jax.hlo_costs`; on a GPU all of them): the TPU compiler keeps the rest in on-chip memory '
       '(CMEM on v4, VMEM), '
       'whose bandwidth the roofline does not model; *MFU ≤ by HBM traffic* is the bound from those bytes alone, '
-      'a looser one. Per chip (`aot.CHIPS`): '
+      'a looser one. Per chip (`topologies.CHIPS`): '
       + '; '.join(f'{name} {chip.hbm_bytes / aot.GiB:.0f} GiB HBM at {chip.hbm_bandwidth / 1e12:.2f} TB/s, '
-                  f'{chip.peak_flops / 1e12:.0f} TFLOP/s' for name, chip in aot.CHIPS.items()) + '.',
+                  f'{chip.peak_flops / 1e12:.0f} TFLOP/s' for name, chip in topologies.CHIPS.items()) + '.',
       '',
       table(records),
       '',

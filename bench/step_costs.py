@@ -25,12 +25,13 @@ from bench import kernel_registers
 from transformer_jax import aot
 from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
+from transformer_jax import topologies
 
 
 def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
   """The config file with the `--set` overrides, checked as train.py checks its --config.key=value ones."""
   config = config_lib.load(path, dict(_parsed(override) for override in overrides))
-  aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
   config.model.dtype = 'bfloat16'
   return config
 
@@ -44,7 +45,7 @@ def _parsed(override: str) -> tuple[str, object]:
 
 
 def measure(config, topology: str, dump_hlo: str | None = None, registers: bool = False) -> dict:
-  target = aot.get_topology(topology)
+  target = topologies.get_topology(topology)
   if registers and target.chip.platform != 'gpu':
     raise SystemExit(f'--registers reads the PTX of a GPU program: {topology} is a TPU topology')
   ptxas = kernel_registers.ptxas() if registers else None  # before the compile: a missing tool fails at once

@@ -18,8 +18,8 @@ import json
 import os
 
 from bench import common
-from transformer_jax import aot
 from transformer_jax import hlo_costs
+from transformer_jax import topologies
 
 UNKNOWN = 'not in the HLO (no op named)'
 
@@ -42,7 +42,7 @@ def kernel_times(trace_path: str) -> dict[str, float]:
 
 def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
   """One record per part: device ms per step, its share, the compiled bytes and FLOPs of its ops, and their time op
-  by op on `chip` (a key of `aot.CHIPS`)."""
+  by op on `chip` (a key of `topologies.CHIPS`)."""
   traces = sorted(glob.glob(os.path.join(folder, 'plugins', 'profile', '*', 'perfetto_trace.json.gz')))
   if not traces:
     raise SystemExit(f'{folder}: no plugins/profile/*/perfetto_trace.json.gz; run bench.train_throughput '
@@ -65,8 +65,8 @@ def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
     ms[part] += us / steps / 1e3
     kernel_ops[part] += 1
   compiled = {p.name: p for p in hlo_costs.breakdown(costs)}  # bytes and FLOPs per part, in PARTS order
-  bound = hlo_costs.serial_seconds_by_part(costs, aot.CHIPS[chip].peak_flops, aot.CHIPS[chip].hbm_bandwidth,
-                                          lambda op: part_of[op.name])
+  target = topologies.CHIPS[chip]
+  bound = hlo_costs.serial_seconds_by_part(costs, target.peak_flops, target.hbm_bandwidth, lambda op: part_of[op.name])
   total_ms = sum(ms.values())
   records = []
   for name in [*compiled, *(n for n in ms if n not in compiled)]:
@@ -82,7 +82,8 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('folder', help='a <config>_<impl> folder of bench.train_throughput --profile_dir')
   p.add_argument('--steps', type=int, default=3, help='steps in the trace (train_throughput --profile_steps)')
-  p.add_argument('--chip', default='h100', choices=list(aot.CHIPS), help='the chip profiled, for the op-by-op bound')
+  p.add_argument('--chip', default='h100', choices=list(topologies.CHIPS),
+                 help='the chip profiled, for the op-by-op bound')
   args = p.parse_args(argv)
   records = profile_parts(args.folder, args.steps, args.chip)
   rows = []

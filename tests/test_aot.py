@@ -5,7 +5,6 @@ The train step is the base config shrunk by `runlocal` to one layer per side (th
 minutes per compile on 2 cores; see docs/fits.md for it and the big model on every mesh).
 """
 
-import importlib.util
 import json
 import re
 import threading
@@ -24,6 +23,7 @@ from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
 from transformer_jax import sharding
 from transformer_jax import steps
+from transformer_jax import topologies
 
 TOPOLOGY = 'v4-8'  # 4 chips
 
@@ -31,7 +31,7 @@ TOPOLOGY = 'v4-8'  # 4 chips
 def small_config(mesh: str, topology: str = TOPOLOGY, **model):
   config = config_lib.load('configs/wmt14_ende_base.py:runlocal')
   config.model.update({'num_encoder_layers': 1, 'num_decoder_layers': 1, 'dtype': 'bfloat16', **model})
-  aot.set_mesh_shape(config, aot.mesh_presets(aot.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
   return config
 
 
@@ -125,7 +125,7 @@ def test_the_parameters_are_donated_unless_zero1_gathers_them_on_a_tpu():
   def mesh(preset, devices):
     return sharding.mesh_and_rules(small_config(preset).mesh, devices)[0]
 
-  tpu = aot.topology_devices(TOPOLOGY)
+  tpu = topologies.topology_devices(TOPOLOGY)
   assert not steps.donates_params(mesh('data', tpu), shard_optimizer=True)
   assert steps.donates_params(mesh('data', tpu), shard_optimizer=False)  # replicated, updated where they lie
   assert steps.donates_params(mesh('fsdp', tpu), shard_optimizer=True)  # FSDP: each chip updates its own shard
@@ -208,7 +208,7 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
   """Our dropout kernel with 1100 causal keys (9 blocks of 128: a float32 dq per block, delta from the saved
   output, tiles above the diagonal skipped), forward and backward, compiled by Mosaic for a TPU."""
   key_type = jax.random.key(0).dtype
-  mesh = helpers.data_mesh(aot.topology_devices(TOPOLOGY))
+  mesh = helpers.data_mesh(topologies.topology_devices(TOPOLOGY))
   rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
   qkv = jax.ShapeDtypeStruct((4, 1100, 2, 64), jnp.bfloat16, sharding=rows)
 
@@ -226,58 +226,14 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
                                                                                            (False, True)]
 
 
-def test_topology_names():
-  names = ('v4-8', 'v4-32', 'v5e-8', 'v5p-8', 'v6e-8', 'h100-1', 'h200-8', 'a100-4')
-  assert [aot.get_topology(n).num_chips for n in names] == [4, 16, 8, 4, 8, 1, 8, 4]
-  assert [aot.get_topology(n).chip.platform for n in names] == ['tpu'] * 5 + ['gpu'] * 3
-  assert aot.get_topology('v4-32').libtpu_name == 'v4:2x2x4'
-  with pytest.raises(ValueError, match=r"unknown topology 'v4-7': use one of v4-8, .*, h100-8, "):
-    aot.get_topology('v4-7')
-
-
-@pytest.mark.parametrize('name, packages, install', [
-    ('v6e-4', ('libtpu',), rf'pip install "jax\[tpu\]=={jax.__version__}"'),
-    ('h100-8', ('jax_cuda12_plugin', 'jax_cuda13_plugin'), rf'pip install "jax-cuda12-plugin=={jax.__version__}"')])
-def test_a_missing_compiler_says_how_to_install_it_in_one_line(monkeypatch, name, packages, install):
-  real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, 'find_spec', lambda n, *a: None if n in packages else real(n, *a))
-  with pytest.raises(cli.USER_ERRORS, match=install):
-    aot.topology_devices(name)
-
-
-@pytest.mark.parametrize('installed, cuda', [
-    (('jax_cuda12_plugin',), 'major: 12 minor: 9'), (('jax_cuda13_plugin',), 'major: 13 minor: 0'),
-    (('jax_cuda12_plugin', 'jax_cuda13_plugin'), 'major: 12 minor: 9')])
-def test_a_gpu_program_is_compiled_for_the_installed_plugins_cuda(monkeypatch, installed, cuda):
-  """jax 0.11 (Python 3.12+) compiles for a GPU with its CUDA 13 plugin as well as the CUDA 12 one."""
-  plugins = ('jax_cuda12_plugin', 'jax_cuda13_plugin')
-  real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, 'find_spec',
-                      lambda n, *a: (None if n not in installed else real('jax')) if n in plugins else real(n, *a))
-  config = aot.gpu_target_config(aot.get_topology('h100-1').chip)
-  assert f'runtime_version {{ {cuda} }}' in config
-
-
-def test_a_cuda_plugin_that_did_not_start_says_what_to_do(monkeypatch):
-  """The plugin registers no GPU topologies where it checked for a GPU's CUDA and found none (JAX_PLATFORMS
-  naming cuda on a machine without one)."""
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-
-  def unregistered(*args, **kwargs):
-    raise NotImplementedError('topology not implemented for cuda')
-
-  monkeypatch.setattr(topologies, 'get_topology_desc', unregistered)
-  with pytest.raises(cli.USER_ERRORS, match='the CUDA plugin did not start, .* run with JAX_PLATFORMS=cpu'):
-    aot.topology_devices.__wrapped__('h200-2')  # not the cached devices of an earlier call
-
-
 @pytest.mark.parametrize('topology, mesh', [('h100-1', 'data'), ('a100-8', 'fsdp')])
 def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   """The CUDA plugin compiles for a described GPU on this CPU: the program the GPU would run, with the GPU's
   choices (our Triton kernels for attention dropout, cuBLAS for every product), and costs from hlo_costs, since
   such a compile has no cost analysis of XLA's."""
   config = small_config(mesh, topology, attention_dropout=0.1)
-  program = [p for p in aot.run_programs(config, aot.topology_devices(topology)) if p.what.startswith('train')][-1]
+  programs = aot.run_programs(config, topologies.topology_devices(topology))
+  program = [p for p in programs if p.what.startswith('train')][-1]
   text = aot.compile_program(program).as_text()
   kernels = re.findall(r'op_name="[^"]*/(attention_gpu_\w+)/pallas_call"', text)
   assert set(kernels) == {'attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv'}
@@ -318,9 +274,9 @@ def test_cudnn_missing_for_cudnns_attention_says_what_to_do(monkeypatch, plugin,
   def absent():
     raise RuntimeError('cuDNN not found.')
 
-  devices = aot.topology_devices('h100-1')
+  devices = topologies.topology_devices('h100-1')
   monkeypatch.setattr(fused_attention_stablehlo, 'check_cudnn_version', absent)
-  monkeypatch.setattr(aot, '_cuda_plugin', lambda: plugin)
+  monkeypatch.setattr(topologies, 'cuda_plugin', lambda: plugin)
   with pytest.raises(cli.USER_ERRORS, match=rf'needs cuDNN, .*: {install}, or set model.attention=flash_gpu'):
     aot.run_programs(small_config('data', 'h100-1', d_k=64, d_v=64), devices)  # cuDNN's
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import aot
 from transformer_jax import attention
 from transformer_jax import attention_masks
 from transformer_jax import dropout_masks
 from transformer_jax import model_config
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
+from transformer_jax import topologies
 
 
 def _random_case(seed, batch=2, q_len=13, k_len=13, heads=3, d_k=8, d_v=8, segments=False, causal=False):
@@ -184,7 +184,7 @@ def test_attention_dropout_on_longer_sequences_than_its_counter_is_an_error():
 
 
 def _tpu_mesh():
-  return helpers.data_mesh(aot.topology_devices('v4-8'))
+  return helpers.data_mesh(topologies.topology_devices('v4-8'))
 
 
 def test_the_table_holds_every_configurable_implementation():

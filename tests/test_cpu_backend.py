@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import aot, checkpoint, cpu_backend, metrics
+from transformer_jax import checkpoint, cpu_backend, metrics, topologies
 from transformer_jax import model as model_lib
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -96,7 +96,7 @@ def test_auto_follows_the_devices_the_step_is_traced_for_not_the_host():
   assert cpu_backend.enabled('auto') and cpu_backend.enabled('on') and not cpu_backend.enabled('off')
   with jax.set_mesh(helpers.data_mesh(jax.devices())):
     assert cpu_backend.enabled('auto')
-  with jax.set_mesh(helpers.data_mesh(aot.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
+  with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
     assert not cpu_backend.enabled('auto') and cpu_backend.enabled('on')
     seen = []
     jax.jit(lambda x: seen.append(cpu_backend.enabled('auto')) or x).trace(jax.ShapeDtypeStruct((2,), jnp.float32))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import aot
 from transformer_jax import dropout_masks
 from transformer_jax import hlo_costs
+from transformer_jax import topologies
 
 MASKS = {'cpu': dropout_masks.sixteen_bit_keep, 'gpu': dropout_masks.hashed_keep}
 
@@ -62,7 +62,7 @@ def _random_work(jaxpr):
 def test_a_step_draws_the_masks_of_the_platform_it_is_compiled_for(topology, work):
   """Traced for a GPU's, a TPU's or this CPU's devices (`model.cpu_kernels='auto'`): the hash, bernoulli's word per
   element, or the CPU's threefry evaluation per four elements."""
-  devices = jax.devices()[:1] if topology is None else aot.topology_devices(topology)[:1]
+  devices = jax.devices()[:1] if topology is None else topologies.topology_devices(topology)[:1]
   key = jax.random.key(2)
   with jax.set_mesh(helpers.data_mesh(devices)):
     traced = jax.jit(lambda key: dropout_masks.keep_mask(key, 0.8, (6, 40), 'auto')).trace(key).jaxpr

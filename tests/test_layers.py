@@ -21,7 +21,7 @@ LAYERS = {
     3: ('transformer_jax.restoring', 'transformer_jax.generation'),
     4: ('transformer_jax.run_builder', 'transformer_jax.steps', 'transformer_jax.optim', 'transformer_jax.checkpoint',
         'transformer_jax.preemption', 'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),
-    5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.flash_tpu', 'transformer_jax.flash_gpu',
+    5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.topologies', 'transformer_jax.flash_tpu', 'transformer_jax.flash_gpu',
         'transformer_jax.flash_attention',
         'transformer_jax.attention_masks', 'transformer_jax.cpu_backend', 'transformer_jax.dropout_masks',
         'transformer_jax.residual_norm',

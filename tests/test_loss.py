@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import aot
 from transformer_jax import loss
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
+from transformer_jax import topologies
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 
@@ -87,7 +87,7 @@ def test_on_a_gpu_the_forward_pass_reads_the_logits_in_one_reduction_alone(with_
   # h · Σ_v W_v and, on a GPU, the gold logits from h · W_gold, so no gather reads the logits.
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
-  with jax.set_mesh(helpers.data_mesh(aot.topology_devices('h100-1'))):
+  with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('h100-1'))):
     jaxpr = jax.jit(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss']).trace(hidden, weights).jaxpr
   vocab = weights.shape[0]
   over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab
@@ -104,7 +104,7 @@ def test_on_a_gpu_the_gradient_pass_reads_the_logits_in_one_kernel_alone(with_bi
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
   train = jax.grad(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss'], argnums=(0, 1))
-  with jax.set_mesh(helpers.data_mesh(aot.topology_devices('h100-1'))):
+  with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('h100-1'))):
     jaxpr = jax.jit(train).trace(hidden, weights).jaxpr
   vocab = weights.shape[0]
   over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab

@@ -16,10 +16,10 @@ import helpers
 from bench import kernel_registers
 from bench import step_costs
 from bench import step_profile
-from transformer_jax import aot
 from transformer_jax import hlo_costs
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
+from transformer_jax import topologies
 from transformer_jax.model_config import ModelConfig
 
 _MODULE = """HloModule m, is_scheduled=true
@@ -397,7 +397,7 @@ def test_step_profile_sums_each_parts_kernel_time_per_step(tmp_path):
   # (operands, product and cuBLAS's 1 KiB workspace) at its bandwidth, whichever takes longer (the bytes); an op no
   # part holds has none.
   gemm_bytes = 2 * (6 * 5 + 4 * 5 + 6 * 4) + 1024
-  assert loss['bound_ms'] == pytest.approx(1e3 * gemm_bytes / aot.CHIPS['h100'].hbm_bandwidth)
+  assert loss['bound_ms'] == pytest.approx(1e3 * gemm_bytes / topologies.CHIPS['h100'].hbm_bandwidth)
   assert parts[step_profile.UNKNOWN]['bound_ms'] is None
   on_an_h200 = {r['part']: r for r in step_profile.profile_parts(folder, steps=2, chip='h200')}
   assert on_an_h200['pre-softmax layer + loss']['bound_ms'] < loss['bound_ms']  # 4.8 TB/s against 3.35
