@@ -5,7 +5,7 @@ Compiles the config's train step at its longest batch shape for a TPU slice or a
 with `transformer_jax.hlo_costs`: each op costed from its shapes (loop bodies × trip count, custom calls by their
 cost estimate) and attributed by its op_name. Prints one JSON line per part and a Markdown table, with XLA's own
 totals beside the breakdown's (a GPU program compiled without its GPU has none), and each part's time op by op
-(`hlo_costs.serial_seconds`: each op at its own roofline, asynchronous copies beside them). For a GPU, --registers
+(`step_parts.serial_seconds`: each op at its own roofline, asynchronous copies beside them). For a GPU, --registers
 adds each Pallas kernel's registers and spills (`bench.kernel_registers`: ptxas -v), which no byte count shows.
 
 python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=v4-8 --mesh=data \
@@ -25,6 +25,7 @@ from bench import kernel_registers
 from transformer_jax import aot
 from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
+from transformer_jax import step_parts
 from transformer_jax import topologies
 
 
@@ -61,9 +62,9 @@ def measure(config, topology: str, dump_hlo: str | None = None, registers: bool 
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
-  parts = hlo_costs.breakdown(ops)
+  parts = step_parts.breakdown(ops)
   chips, chip = target.num_chips, target.chip
-  serial = hlo_costs.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
+  serial = step_parts.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
   return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
           'compile_seconds': seconds,
@@ -121,7 +122,7 @@ def main(argv=None):
   print()
   print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
-  print(f'Op by op (`hlo_costs.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
+  print(f'Op by op (`step_parts.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
         f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
         f'{record["integer_ops"] / 1e9:,.1f} G are element-wise ops on integers (random bits), which a TPU runs on '
         'its vector units, not at the peak counted here')

@@ -5,7 +5,7 @@ compiled step's optimized HLO and the jax.profiler trace of a few steps. Each GP
 launched it (profile with `--xla_flags=--xla_gpu_enable_command_buffer=`: inside a CUDA graph they name the graph
 instead); `hlo_costs` attributes that op to a part of the model from its op_name, as bench.step_costs does for a
 TPU program, and costs its bytes and FLOPs, so each part's time sits beside what it moves and computes, and beside
-its ops' rooflines op by op on the chip profiled (`hlo_costs.serial_seconds`): how far each part is from its bound.
+its ops' rooflines op by op on the chip profiled (`step_parts.serial_seconds`): how far each part is from its bound.
 
 python -m bench.step_profile /tmp/prof/base_ours --steps=3 --chip=h100
 """
@@ -19,6 +19,7 @@ import os
 
 from bench import common
 from transformer_jax import hlo_costs
+from transformer_jax import step_parts
 from transformer_jax import topologies
 
 UNKNOWN = 'not in the HLO (no op named)'
@@ -58,15 +59,15 @@ def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
   if graphs:
     raise SystemExit(f'{folder}: kernels ran inside CUDA graphs ({graphs[0]}, ...), which hide their HLO ops; '
                      'profile with --xla_flags=--xla_gpu_enable_command_buffer=')
-  part_of = {op.name: hlo_costs.part_of(op) for op in costs}
+  part_of = {op.name: step_parts.part_of(op) for op in costs}
   ms, kernel_ops = collections.Counter(), collections.Counter()
   for name, us in times.items():
     part = part_of.get(name, UNKNOWN)
     ms[part] += us / steps / 1e3
     kernel_ops[part] += 1
-  compiled = {p.name: p for p in hlo_costs.breakdown(costs)}  # bytes and FLOPs per part, in PARTS order
+  compiled = {p.name: p for p in step_parts.breakdown(costs)}  # bytes and FLOPs per part, in PARTS order
   target = topologies.CHIPS[chip]
-  bound = hlo_costs.serial_seconds_by_part(costs, target.peak_flops, target.hbm_bandwidth, lambda op: part_of[op.name])
+  bound = step_parts.serial_seconds_by_part(costs, target.peak_flops, target.hbm_bandwidth, lambda op: part_of[op.name])
   total_ms = sum(ms.values())
   records = []
   for name in [*compiled, *(n for n in ms if n not in compiled)]:

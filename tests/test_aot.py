@@ -21,6 +21,7 @@ from transformer_jax import attention_masks
 from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax import hlo_costs
+from transformer_jax import step_parts
 from transformer_jax import sharding
 from transformer_jax import steps
 from transformer_jax import topologies
@@ -245,7 +246,7 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   projections = {op.op_name.rsplit('/', 1)[1] for op in ops if '._project/' in op.op_name}
   assert 'dot_general' in projections and 'add_any' not in projections
   # The backward's delta = rowsum(o ⊙ do) comes from the dq kernel's own tiles: no reduction around the kernels
-  assert not [op for op in ops if hlo_costs.part_of(op) == 'attention: softmax' and op.opcode in ('fusion', 'reduce')
+  assert not [op for op in ops if step_parts.part_of(op) == 'attention: softmax' and op.opcode in ('fusion', 'reduce')
               and op.op_name.endswith('reduce_sum')]
   assert 'custom_call_target="__cublas$lt$matmul"' in text and 'gemm_fusion' not in text  # xla_options
   # Without ReLU dropout the FFN's ReLU is the one user of its first product (`model.relu_dropout`), so cuBLAS

@@ -17,6 +17,7 @@ from bench import kernel_registers
 from bench import step_costs
 from bench import step_profile
 from transformer_jax import hlo_costs
+from transformer_jax import step_parts
 from transformer_jax import pallas_mode
 from transformer_jax import sharding
 from transformer_jax import topologies
@@ -151,7 +152,7 @@ def test_flash_gpus_kernels_on_a_stack_count_what_they_read_and_write():
 
 
 def test_ops_are_attributed_to_model_parts_by_their_op_names():
-  parts = {p.name: p for p in hlo_costs.breakdown(hlo_costs.op_costs(_MODULE))}
+  parts = {p.name: p for p in step_parts.breakdown(hlo_costs.op_costs(_MODULE))}
   assert parts['pre-softmax layer + loss'].flops == 5 * 2 * 8 * 4 * 16
   assert parts['embeddings'].ops == 1
   # The kernels by their cost estimate or by their shapes; the splash kernel, which has no op_name (as the TPU
@@ -173,7 +174,7 @@ def test_a_pallas_kernels_memory_moves_count_with_the_kernel():
                             'attention_dropout_bwd/pallas_call', 100.0, 10.0, 0.0, 1, 'tpu_custom_call')
   move = dataclasses.replace(kernel, name='slice-done.7', opcode='slice', target='', borrowed=True)
   softmax = dataclasses.replace(kernel, name='fusion.2', opcode='fusion', op_name=scope + 'self_attention/exp')
-  assert [hlo_costs.part_of(op) for op in (kernel, move, softmax)] == [
+  assert [step_parts.part_of(op) for op in (kernel, move, softmax)] == [
       'attention: kernels (custom calls)', 'attention: kernels (custom calls)', 'attention: softmax']
 
 
@@ -189,7 +190,7 @@ def test_projections_fused_for_a_gpu_count_as_attention_projections(monkeypatch)
   projected = [op for op in hlo_costs.op_costs(hlo) if '._project/' in op.op_name]
   assert {op.op_name.split('._project/')[1].split('/')[0] for op in projected} == {'key_value_query', 'query',
                                                                                   'key_value'}
-  assert {hlo_costs.part_of(op) for op in projected} == {'attention projections'}
+  assert {step_parts.part_of(op) for op in projected} == {'attention projections'}
 
 
 # A loop as the TPU compiler prints one: no known_trip_count, the counter starts at a copied constant 2 and runs
@@ -267,7 +268,7 @@ def test_bytes_in_on_chip_memory_are_not_hbm_traffic():
   ops = {op.name: op for op in hlo_costs.op_costs(_ON_CHIP_MODULE)}
   assert (ops['added'].bytes, ops['added'].hbm_bytes) == (3 * 4 * 64, 4 * 64)  # only `a` is read from HBM
   assert (ops['copy-done'].bytes, ops['copy-done'].hbm_bytes) == (2 * 4 * 64, 4 * 64)  # the eviction's write
-  parts = {p.name: p for p in hlo_costs.breakdown(list(ops.values()))}
+  parts = {p.name: p for p in step_parts.breakdown(list(ops.values()))}
   assert parts['FFN'].hbm_bytes == 2 * 4 * 64  # the eviction counts with the fusion it moves
 
 
@@ -276,8 +277,8 @@ def test_op_by_op_each_op_takes_its_own_roofline_beside_the_asynchronous_copies(
   assert [op.asynchronous for op in ops] == [False, True]
   # The fusion: 64 adds, 256 bytes from HBM. Memory-bound at 100 B/s (2.56 s against 0.064 s of compute), compute-
   # bound at 10 FLOP/s (6.4 s against 0.256 s); the eviction's 256 HBM bytes run beside it either way.
-  assert hlo_costs.serial_seconds(ops, peak_flops=1e3, hbm_bandwidth=100) == pytest.approx(2.56)
-  assert hlo_costs.serial_seconds(ops, peak_flops=10, hbm_bandwidth=1e3) == pytest.approx(6.4)
+  assert step_parts.serial_seconds(ops, peak_flops=1e3, hbm_bandwidth=100) == pytest.approx(2.56)
+  assert step_parts.serial_seconds(ops, peak_flops=10, hbm_bandwidth=1e3) == pytest.approx(6.4)
 
 
 # Dropout's mask as the TPU program draws it inside the op that uses it: integer bit work, then a float select.
@@ -308,7 +309,7 @@ def test_element_wise_ops_on_integers_are_counted_apart():
   (op,) = hlo_costs.op_costs(_RANDOM_BITS_MODULE)
   assert op.flops == 4 * 16  # the shift, the xor, the comparison and the select, one per element each
   assert op.integer_ops == 2 * 16  # of them the shift and the xor make integers
-  assert hlo_costs.breakdown([op])[0].integer_ops == 2 * 16
+  assert step_parts.breakdown([op])[0].integer_ops == 2 * 16
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Per-op bytes and FLOPs of a compiled XLA program, read from its optimized HLO text, and the model part each op
-comes from (the Flax module path and scopes in the op's `op_name` metadata).
+"""Per-op bytes and FLOPs of a compiled XLA program, read from its optimized HLO text (`step_parts` groups them by
+the part of the model each op comes from).
 
 XLA's `cost_analysis()` gives only totals, and counts a while loop's body once whatever its trip count. Here
 every top-level op (a fusion, a custom call, a collective, a copy) is costed from its shapes: bytes = what it
@@ -11,13 +11,15 @@ body counts its trip count times (`known_trip_count`, or read from the loop's co
 results as bytes, and FLOPs only when it is an attention kernel whose matmuls its shapes give
 (`ATTENTION_KERNELS`) or a GPU program's cuBLAS matmul (`library_gemm_flops`); such calls are marked
 `estimated=False`.
+
+One module of ~500 lines: the HLO text's parsing, each opcode's costs, fusions' reads and loops' trip counts are
+one cost model over the same instruction records, read together when a count is checked against XLA's.
 """
 
 import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable
 
 _ARRAY_RE = re.compile(r'\b(pred|[sufc]\d+|bf16|f8e\w+)\[([\d,]*)\](\{[^}]*\})?')
 _ITEM_BITS = {'pred': 8, 'bf16': 16}
@@ -228,7 +230,7 @@ def _gpu_kernel_traffic(instruction: Instruction, types: dict[str, str]) -> tupl
   return read, hbm_read, written, hbm_written
 
 
-def _attention_kernel(name: str) -> tuple[int, bool]:
+def attention_kernel(name: str) -> tuple[int, bool]:
   """(FLOPs factor, backward) of the `ATTENTION_KERNELS` entry `name` starts with; (0, False) for none."""
   return next((kernel for prefix, kernel in ATTENTION_KERNELS.items() if name.startswith(prefix)), (0, False))
 
@@ -236,7 +238,7 @@ def _attention_kernel(name: str) -> tuple[int, bool]:
 def attention_kernel_flops(name: str, operand_types: list[str], result_type: str, op_name: str = '') -> float:
   """The matmul FLOPs of an `ATTENTION_KERNELS` call from its operands' and result's shapes, or of a
   `GPU_ATTENTION_KERNELS` call (by its `op_name`); 0 for any other custom call."""
-  factor, _ = _attention_kernel(name)
+  factor, _ = attention_kernel(name)
   gpu_factor = GPU_ATTENTION_KERNELS.get(_gpu_kernel(op_name), 0)
   if not factor and not gpu_factor:
     return 0.0
@@ -434,7 +436,7 @@ def op_costs(hlo_text: str) -> list[OpCost]:
 
   def visit(name: str, count: int):
     body = [dataclasses.replace(i, op_name=i.name) if i.opcode == 'custom-call' and not i.op_name
-            and _attention_kernel(i.name)[0] else i for i in computations[name]]
+            and attention_kernel(i.name)[0] else i for i in computations[name]]
     types = {i.name: i.type for i in body}
     by_name = {i.name: i for i in body}
     borrowed = _borrowed_names(body)
@@ -500,92 +502,3 @@ def op_costs(hlo_text: str) -> list[OpCost]:
   moves = set()
   visit(entry, 1)
   return [dataclasses.replace(c, borrowed=True) if c.name in moves else c for c in costs]
-
-
-# --- the model part of each op
-
-PARTS = ('embeddings', 'attention: scores', 'attention: mask', 'attention: softmax', 'attention: weighted sum',
-         'attention: kernels (custom calls)', 'attention projections', 'FFN', 'layer norm + dropout + residual',
-         'pre-softmax layer + loss', 'optimizer update', 'collectives', 'other (no model scope)')
-_SCORES, _WEIGHTED_SUM = 'bqhd,bkhd->bhqk', 'bhqk,bkhd->bqhd'  # attention.reference_attention's einsums
-_MASK_PRIMITIVES = ('select_n', 'and', 'eq', 'ne', 'le', 'lt', 'ge', 'gt', 'iota', 'any', 'reduce_or')
-_PROJECTIONS = ('/query/', '/key/', '/value/', '/out/', '/key_value/', '/key_value_query/')  # fused on a GPU
-
-
-def part_of(op: OpCost) -> str:
-  """The model part an op comes from, read from its op_name (Flax module path and the steps' named scopes)."""
-  name = op.op_name
-  if op.opcode in COLLECTIVES:
-    return 'collectives'
-  if _attention_kernel(name)[0]:
-    return 'attention: kernels (custom calls)'
-  if '/optimizer/' in name:
-    return 'optimizer update'
-  if re.search(r'[/(]loss[)/]|/decoder/logits/|\.attend/|/decoder/[^/]*->|/decoder/dot_general', name):
-    return 'pre-softmax layer + loss'
-  if '/embedder/' in name:
-    return 'embeddings'
-  if re.search(r'attention/', name):
-    if any(p in name for p in _PROJECTIONS):
-      return 'attention projections'
-    if op.opcode == 'custom-call' and not op.borrowed or name.endswith('/pallas_call'):  # a kernel, or its moves
-      return 'attention: kernels (custom calls)'
-    if _SCORES in name:
-      return 'attention: scores'
-    if _WEIGHTED_SUM in name:
-      return 'attention: weighted sum'
-    primitive = name.rsplit('/', 1)[-1]
-    return 'attention: mask' if primitive in _MASK_PRIMITIVES or '/jit(_where)' in name else 'attention: softmax'
-  if '/ffn/' in name:
-    return 'FFN'
-  if '_block/' in name or '/final_norm/' in name:
-    return 'layer norm + dropout + residual'
-  return 'other (no model scope)'
-
-
-def is_backward(op: OpCost) -> bool:
-  return 'transpose(' in op.op_name or _attention_kernel(op.op_name)[1]
-
-
-def serial_seconds(costs: list[OpCost], peak_flops: float, hbm_bandwidth: float) -> float:
-  """The ops' time run one after another, each at max(its FLOPs / peak, its HBM bytes / bandwidth), asynchronous
-  copies and collectives beside them: the roofline op by op. The whole program's roofline lets any op's FLOPs hide
-  any other's bytes, so it cannot see a change that trades bytes for FLOPs within compute-bound ops; this can."""
-  return sum(serial_seconds_by_part(costs, peak_flops, hbm_bandwidth, lambda op: '').values())
-
-
-def serial_seconds_by_part(costs: list[OpCost], peak_flops: float, hbm_bandwidth: float,
-                           part: Callable[[OpCost], str] = part_of) -> dict[str, float]:
-  """`serial_seconds` of each part's ops, in one pass."""
-  seconds = {}
-  for op in costs:
-    if not op.asynchronous:
-      name = part(op)
-      seconds[name] = seconds.get(name, 0.0) + op.count * max(op.flops / peak_flops, op.hbm_bytes / hbm_bandwidth)
-  return seconds
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-  name: str
-  bytes: float
-  flops: float
-  backward_bytes: float
-  backward_flops: float
-  borrowed_bytes: float  # of ops without op_name of their own (memory moves, layout copies): see `_borrowed_names`
-  ops: int
-  hbm_bytes: float  # read from or written to HBM; the rest stays in on-chip memory (a TPU's CMEM or VMEM)
-  integer_ops: float  # of the FLOPs, element-wise ops on integers (`OpCost.integer_ops`)
-
-
-def breakdown(costs: list[OpCost], part: Callable[[OpCost], str] = part_of) -> list[Part]:
-  """Per-part sums of the ops' bytes and FLOPs (loop trip counts included), in `PARTS` order."""
-  sums = {}
-  for op in costs:
-    name = part(op)
-    b, f, bb, bf, mb, n, hb, io = sums.get(name, (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0))
-    back = is_backward(op)
-    sums[name] = (b + op.total_bytes, f + op.total_flops, bb + back * op.total_bytes, bf + back * op.total_flops,
-                  mb + op.borrowed * op.total_bytes, n + 1, hb + op.total_hbm_bytes, io + op.total_integer_ops)
-  order = {name: i for i, name in enumerate(PARTS)}
-  return [Part(name, *values) for name, values in sorted(sums.items(), key=lambda kv: order.get(kv[0], len(order)))]
