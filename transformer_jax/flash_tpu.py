@@ -14,6 +14,7 @@ from transformer_jax import attention_masks
 from transformer_jax import flash_attention as flash
 from transformer_jax import pallas_mode
 
+
 def _heads_major(x):
   return jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
 
