@@ -121,10 +121,13 @@ def unmet_condition(config: ml_collections.ConfigDict, key: str) -> tuple[str, t
 
 def mode_rule(key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
   """The `MODE_KEYS` conditions of the dotted `key` or of a key above it; () for a key every run reads."""
-  for path, rule in MODE_KEYS.items():
-    if key == path or key.startswith(path + '.'):
-      return rule
-  return ()
+  return next((rule for path, rule in MODE_KEYS.items() if _under(key, path)), ())
+
+
+def _under(key: str, path: str) -> bool:
+  """Whether the dotted `key` is `path` or a key below it (at a dot: train.learning_rate is not under
+  train.learning_rate_scale, nor the other way round)."""
+  return key == path or key.startswith(path + '.')
 
 
 def _value(config: ml_collections.ConfigDict, dotted: str) -> Any:
@@ -178,7 +181,7 @@ def for_evaluation(workdir: str, overrides: Mapping[str, Any], split: str) -> ml
   config = of_run(workdir)
   config.lock()
   for key in overrides:
-    if not any(key == allowed or key.startswith(allowed + '.') for allowed in EVALUATION_KEYS):
+    if not any(_under(key, allowed) for allowed in EVALUATION_KEYS):
       raise ValueError(f'--config.{key}: evaluation cannot change {key}, which the training run fixed (see the '
                        f'workdir\'s config.json); it may change {", ".join(EVALUATION_KEYS)}.')
   _apply(config, overrides, flag='--config.')
