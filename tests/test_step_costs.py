@@ -237,8 +237,16 @@ ENTRY %main (x.1: f32[16], s.1: f32[7,16]) -> f32[7,16] {
 """
 
 
-def test_a_loop_without_a_known_trip_count_counts_from_its_condition_and_updates_in_place():
-  ops = {op.name: op for op in hlo_costs.op_costs(_TPU_LOOP_MODULE)}
+# The counter copied before its update (into another memory space), as v6e's FSDP programs do it.
+_COPIED_COUNTER = ('%next = s32[] add(%two.1, %i)',
+                   '%i.copied = s32[]{:S(6)} copy(%i)\n  %next = s32[] add(%two.1, %i.copied)')
+
+
+@pytest.mark.parametrize('counter', ['read', 'copied'])
+def test_a_loop_without_a_known_trip_count_counts_from_its_condition_and_updates_in_place(counter):
+  module = _TPU_LOOP_MODULE if counter == 'read' else _TPU_LOOP_MODULE.replace(*_COPIED_COUNTER)
+  assert module.count('%next = ') == 1
+  ops = {op.name: op for op in hlo_costs.op_costs(module)}
   assert ops['updated'].count == ops['next'].count == 3  # the counter at 2, 4 and 6
   # The update reads the row and the index and writes the row; the [7, 16] buffer it writes into is not read.
   assert ops['updated'].bytes == 4 * 16 + 4 + 4 * 16

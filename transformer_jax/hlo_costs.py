@@ -379,11 +379,17 @@ def _borrowed_names(body: list[Instruction]) -> dict[str, str]:
   return borrowed
 
 
-def _constant_value(name: str, by_name: dict[str, Instruction]) -> int | None:
-  """The integer an instruction holds when it is a scalar constant, seen through copies and bitcasts."""
+def _through_copies(name: str, by_name: dict[str, Instruction]) -> Instruction | None:
+  """The instruction `name` copies or bitcasts (the TPU compiler copies a loop's counter between memory spaces)."""
   i = by_name.get(name)
   while i is not None and i.opcode in ('copy', 'bitcast') and i.operands:
     i = by_name.get(i.operands[0])
+  return i
+
+
+def _constant_value(name: str, by_name: dict[str, Instruction]) -> int | None:
+  """The integer an instruction holds when it is a scalar constant, seen through copies and bitcasts."""
+  i = _through_copies(name, by_name)
   if i is None or i.opcode != 'constant':
     return None
   try:
@@ -404,7 +410,7 @@ def _trip_count(loop: Instruction, by_name: dict[str, Instruction], computations
   root = condition[-1] if condition else None
   if root is None or root.opcode != 'compare' or 'direction=LT' not in root.attributes or len(root.operands) != 2:
     return 1
-  counter = cond_by_name.get(root.operands[0])
+  counter = _through_copies(root.operands[0], cond_by_name)
   limit = _constant_value(root.operands[1], cond_by_name)
   if counter is None or counter.opcode != 'get-tuple-element' or limit is None:
     return 1
@@ -419,7 +425,7 @@ def _trip_count(loop: Instruction, by_name: dict[str, Instruction], computations
             if root is not None and root.opcode == 'tuple' and index < len(root.operands) else None)
   step = None
   if update is not None and update.opcode == 'add' and len(update.operands) == 2:
-    counters = [body_by_name.get(o) for o in update.operands]
+    counters = [_through_copies(o, body_by_name) for o in update.operands]
     for counted, other in ((0, 1), (1, 0)):
       c = counters[counted]
       if c is not None and c.opcode == 'get-tuple-element' and re.search(rf'index={index}\b', c.attributes):
