@@ -24,7 +24,7 @@ from transformer_jax import topologies
 from transformer_jax.data import pipeline
 
 MODELS = {'base': 'configs/wmt14_ende_base.py', 'big': 'configs/wmt14_ende_big.py'}
-TOPOLOGIES = ('v4-8', 'v5e-8', 'v5p-8', 'v4-32', 'h100-8')
+TOPOLOGIES = ('v4-8', 'v5e-8', 'v5p-8', 'v6e-8', 'v4-32', 'h100-8')
 MESHES = ('data', 'fsdp', 'fsdp_tensor')
 DTYPE = 'bfloat16'
 
@@ -40,6 +40,10 @@ def measure(model: str, topology: str, mesh: str) -> dict:
   config = config_for(model, topology, mesh)
   rows, length = next(iter(pipeline.batch_shapes(config.pipeline)[-1].values()))
   analysis = aot.analyze_train_step(config, topology)
+  if analysis.flops is not None and analysis.flops * analysis.num_chips < analysis.model_flops:
+    raise ValueError(f'{model} on {topology}, {mesh}: the compiled step counts {analysis.flops / 1e9:,.0f} GFLOP per '
+                     f'chip, below the model\'s {analysis.model_flops / analysis.num_chips / 1e9:,.0f}: an op or a '
+                     'loop\'s runs that hlo_costs does not count; fix the count before tabulating the row.')
   return dict(analysis.as_dict(), model=model, mesh=mesh, mesh_shape=dict(config.mesh.shape), rows=rows,
               length=length, advice=aot.advice(analysis, config))
 

@@ -5,6 +5,7 @@ The train step is the base config shrunk by `runlocal` to one layer per side (th
 minutes per compile on 2 cores; see docs/fits.md for it and the big model on every mesh).
 """
 
+import dataclasses
 import json
 import re
 import threading
@@ -342,6 +343,16 @@ def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
   assert next(reports) == ('train step, batch 32×64', TOPOLOGY)
   first_given.set()
   assert sorted(reports) == [('eval step, batch 64×64', TOPOLOGY), ('train step, batch 64×32', TOPOLOGY)]
+
+
+def test_fits_refuses_a_row_whose_compiled_flops_fall_below_the_models(monkeypatch):
+  """A compiled step always does at least the model's FLOPs: fewer means a loop's runs went uncounted."""
+  below = dataclasses.replace(_analysis(1, 1, 1), model_flops=8.5)  # 8 chips at 1 FLOP each
+  monkeypatch.setattr(aot, 'analyze_train_step', lambda config, topology: below)
+  with pytest.raises(ValueError, match=r'^base on v5e-8, data: the compiled step counts 0 GFLOP per chip, below'):
+    fits.measure('base', 'v5e-8', 'data')
+  monkeypatch.setattr(aot, 'analyze_train_step', lambda config, topology: dataclasses.replace(below, model_flops=8.0))
+  assert fits.measure('base', 'v5e-8', 'data')['flops'] == 1.0
 
 
 def test_fits_cache_compiles_again_a_row_cached_before_the_analysis_gained_a_field(tmp_path):
