@@ -40,7 +40,7 @@ def measure(model: str, topology: str, mesh: str) -> dict:
   config = config_for(model, topology, mesh)
   rows, length = next(iter(pipeline.batch_shapes(config.pipeline)[-1].values()))
   analysis = aot.analyze_train_step(config, topology)
-  if analysis.flops is not None and analysis.flops * analysis.num_chips < analysis.model_flops:
+  if None not in (analysis.flops, analysis.model_flops) and analysis.flops * analysis.num_chips < analysis.model_flops:
     raise ValueError(f'{model} on {topology}, {mesh}: the compiled step counts {analysis.flops / 1e9:,.0f} GFLOP per '
                      f'chip, below the model\'s {analysis.model_flops / analysis.num_chips / 1e9:,.0f}: an op or a '
                      'loop\'s runs that hlo_costs does not count; fix the count before tabulating the row.')
