@@ -108,6 +108,21 @@ def test_a_fused_backward_kernel_counts_its_dq_products_too():
   assert hlo_costs.attention_kernel_flops('splash_mha_dkv_segmented.1', operands, fused) == 5 * block
 
 
+def test_a_splash_kernel_of_one_row_per_chip_counts_its_products_without_the_batch_axis():
+  """With one row per chip the TPU compiler calls the kernels on q [heads, length, head dim], after the mask's
+  int8 block tables; the dkv kernel's fused dq parts are then of rank 4. (An operand list TPU v5e compiled.)"""
+  tables = ['s8[1,1,1]{2,1,0}', 's8[1,1,1]{2,1,0}']
+  q_k_v = ['f32[2,128,8]{2,1,0}'] * 3
+  ids = ['s32[8,128]{1,0}', 's32[128,128]{1,0}']
+  block = 2 * (2 * 128 * 128 * 8)
+  assert hlo_costs.attention_kernel_flops('splash_mha_fwd_segmented_residuals.2', tables + q_k_v + ids,
+                                          '(f32[2,128,8]{2,1,0}, f32[2,128,128]{2,1,0})') == 2 * block
+  dk_dv = 'f32[2,128,8]{2,1,0}, f32[2,128,8]{2,1,0}'
+  assert hlo_costs.attention_kernel_flops('splash_mha_dkv_segmented.1', tables + q_k_v, f'({dk_dv})') == 4 * block
+  fused = f'(f32[1,2,128,8]{{3,2,1,0}}, {dk_dv})'
+  assert hlo_costs.attention_kernel_flops('splash_mha_dkv_segmented.1', tables + q_k_v, fused) == 5 * block
+
+
 def test_flash_gpus_triton_kernels_count_their_products_by_op_name():
   """A Triton call keeps no cost estimate and is named only in its op_name; q [2, 16, 3, 8] and k [2, 32, 3, 8]
   are [batch, length, heads, head dim] there."""

@@ -195,8 +195,8 @@ class OpCost:
 # their matmuls (forward q·kᵀ and p·v; the backward's dq kernel recomputes q·kᵀ and forms do·vᵀ and ds·k, its dkv
 # kernel q·kᵀ, do·vᵀ, pᵀ·do and dsᵀ·q), every block counted, masked or not, as jax's flash kernel's forward
 # estimate counts them, and whether the kernel belongs to the backward pass. A dkv kernel that also returns dq
-# (the fused backward pass: one part per key block, a rank-5 result) forms ds·k too: `FUSED_DQ_FACTOR` more.
-# q and k are the first two rank-4 operands, [batch, heads, length, head dim]. The TPU compiler leaves these
+# (the fused backward pass: one part per key block, a result of one rank more than q) forms ds·k too:
+# `FUSED_DQ_FACTOR` more. The TPU compiler leaves these
 # calls no op_name of their own: they take their instruction's name as one, so that the memory moves around them
 # count with them.
 ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), 'splash_mha_dkv': (8, True)}
@@ -246,11 +246,15 @@ def attention_kernel_flops(name: str, operand_types: list[str], result_type: str
     q, k = [dims for t in operand_types for _, dims in _arrays(t) if len(dims) in (4, 5)][:2]
     (batch, q_len, heads, head_dim), k_len = (q[0], q[1], q[-2], q[-1]), k[1]
     return float(gpu_factor * batch * heads * q_len * k_len * head_dim)
-  q, k = [dims for t in operand_types for _, dims in _arrays(t) if len(dims) == 4][:2]
-  if name.startswith('splash_mha_dkv') and any(len(dims) == 5 for _, dims in _arrays(result_type)):
+  # q and k: the first two floating-point operands of the highest rank, [batch, heads, length, head dim]; with
+  # one row per chip the kernel gets them without the batch axis (the integer operands are the mask's block
+  # tables and segment ids, the lower-rank floats softmax statistics).
+  floats = [dims for t in operand_types for dtype, dims in _arrays(t) if 'f' in dtype]
+  q, k = [dims for dims in floats if len(dims) == max(map(len, floats))][:2]
+  if name.startswith('splash_mha_dkv') and any(len(dims) == len(q) + 1 for _, dims in _arrays(result_type)):
     factor += FUSED_DQ_FACTOR
-  (batch, heads, q_len, head_dim), k_len = q, k[2]
-  return float(factor * batch * heads * q_len * k_len * head_dim)
+  (heads, q_len, head_dim), k_len = q[-3:], k[-2]
+  return float(factor * math.prod(q[:-3]) * heads * q_len * k_len * head_dim)
 
 
 _GEMM_CONTRACTING_RE = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
