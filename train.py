@@ -57,10 +57,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.key=value.')
   if _COMPILE_ONLY.value:
-    _STOP.hand_back()  # nothing to save: a signal ends the compilation as it would any program
+    _STOP.end_at_once()  # nothing to save: a signal ends the compilation as it would any program
     return compile_only(_CONFIG.value)
   if distributed.requested():
-    _STOP.hand_back(multi_process=True)
+    _STOP.hand_back()
   reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
   reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
   distributed.initialize_from_flags()

@@ -240,6 +240,19 @@ def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_
   assert helpers.checkpoint_steps(workdir) == []
 
 
+def test_sigterm_under_compile_only_ends_the_process_by_the_signal_without_libtpus_stack_trace(tmp_path):
+  """--compile_only has nothing to save: a signal ends it as the signal's default action would, after one line.
+  libtpu (loaded by the compile) prints a stack trace for a SIGTERM left at its default disposition."""
+  run = _Run(str(tmp_path / 'w'), '--compile_only', '--topology=v5e-8', paused=True)
+  run.wait_for('paused importing jax')
+  run.resume()
+  run.wait_for('paused exiting')  # every program compiled and reported: libtpu is loaded
+  assert 'eval step, batch' in run.output
+  run.process.send_signal(signal.SIGTERM)
+  assert run.finish() == -signal.SIGTERM, run.output[-3000:]
+  assert 'received signal 15: stopping' in run.output and 'stack trace' not in run.output, run.output[-3000:]
+
+
 def test_more_signals_during_the_preemption_save_and_after_it_do_not_lose_it_or_kill_the_process(tmp_path,
                                                                                                  uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)

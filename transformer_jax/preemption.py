@@ -19,6 +19,13 @@ import signal
 from absl import logging
 
 
+def _die_by(signum, frame):  # pylint: disable=unused-argument
+  """Ends the process as the signal's default action does (exit status 128 + signum), after a line saying so."""
+  logging.warning('received signal %d: stopping', signum)
+  signal.signal(signum, signal.SIG_DFL)
+  signal.raise_signal(signum)
+
+
 class StopRequested(BaseException):
   """A signal arrived where no step is running to finish first (the final report): stop now. A BaseException, as
   KeyboardInterrupt is, so that no `except Exception` it passes through (logging's own, while a line is written)
@@ -56,14 +63,22 @@ class StopRequest:
       signal.signal(sig, handler)
     self._previous = {}
 
-  def hand_back(self, multi_process: bool = False) -> None:
-    """Signals go back to their default handling, for work that does not stop between steps (--compile_only) or
-    that several processes stop together (`multi_process`: JAX's service takes SIGTERM); a signal that came
-    meanwhile is delivered again, as if the handlers had never been there."""
+  def hand_back(self) -> None:
+    """Signals go back to their default handling, for a run that several processes stop together (JAX's service
+    takes SIGTERM); a signal that came meanwhile is delivered again, as if the handlers had never been there."""
     self.release()
-    self._multi_process = multi_process
+    self._multi_process = True
     if self._signalled is not None:
       signal.raise_signal(self._signalled)
+
+  def end_at_once(self) -> None:
+    """For work with no step to stop after (--compile_only): a signal, or one that came meanwhile, ends the process
+    now, killed by it as by the default action. A handler of ours stays installed until then because libtpu puts
+    its crash handler, which prints a stack trace for a SIGTERM, on a signal left at its default."""
+    self.release()
+    self._previous = {sig: signal.signal(sig, _die_by) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if self._signalled is not None:
+      _die_by(self._signalled, None)
 
   def _handle(self, signum, frame):
     if self._raise:
