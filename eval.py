@@ -58,7 +58,8 @@ def main(argv):
                                          for member, step in runs], average_last=_CHECKPOINTS.average_last)
   if _SAVE_AVERAGED.value:
     print(f'saved averaged params to {restoring.save_averaged(restored, workdir)}')
-  results = scoring.evaluate_split(restored, workdir, split, compare_to)
+  final_steps = restoring.final_model_steps(config_lib.of_run(workdir), workdir)
+  results = scoring.evaluate_split(restored, workdir, split, compare_to, final_steps)
   print(scoring.describe(results, restored.config.eval.num_samples))
 
 

@@ -193,6 +193,26 @@ def test_evaluate_split_writes_bleu_results_and_translations(trained):
   assert np.isclose(saved['test_perplexity'], np.exp(saved['test_nll']), rtol=1e-5)
   text = scoring.describe(results, 2)
   assert 'BLEU' in text and text.count('reference:') == 2
+  assert f'results written to {Workdir(workdir).final_results_file}' in text
+
+
+@pytest.mark.slow
+def test_evaluating_another_checkpoint_keeps_the_final_evaluation(trained):
+  """eval.py of params other than the run's final model writes files named by their steps, not results.json."""
+  config, workdir = trained
+  final_steps = restoring.final_model_steps(config, workdir)
+  assert final_steps == [30]  # eval.average_last=1: the last checkpoint
+  final = scoring.evaluate_split(restoring.restore(config, workdir), workdir, 'test', final_steps=final_steps)
+  assert final['results_file'] == Workdir(workdir).final_results_file
+  with open(final['results_file'], 'rb') as f:
+    final_bytes = f.read()
+  earlier = scoring.evaluate_split(restoring.restore(config, workdir, step=10), workdir, 'test',
+                                   final_steps=final_steps)
+  assert earlier['results_file'] == Workdir(workdir).results_file('test', 'test', 'step10')
+  assert json.load(open(earlier['results_file']))['step'] == 10
+  assert earlier['translations']['hyp'] == Workdir(workdir).translation_file('test', 'hyp', 'step10')
+  with open(Workdir(workdir).final_results_file, 'rb') as f:
+    assert f.read() == final_bytes
 
 
 @pytest.mark.slow
@@ -236,7 +256,10 @@ def test_eval_and_translate_commands(entry_points, trained):
                             text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'BLEU' in result.stdout and '[20, 30]' in result.stdout
-  with open(Workdir(workdir).final_results_file) as f:
+  # Not the final model (eval.average_last=1): the results are named by their steps.
+  averaged = Workdir(workdir).results_file('test', 'test', 'average2_step30')
+  assert f'results written to {averaged}' in result.stdout
+  with open(averaged) as f:
     assert json.load(f)['beam_size'] == 2
   result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'],
                             'The dog sees the cat.\n\nHe sleeps.\n', text=True)

@@ -82,6 +82,15 @@ def inference_mesh(config) -> jax.sharding.Mesh:
   return sharding.make_mesh(mesh_cfg)
 
 
+def final_model_steps(config, workdir: str) -> list[int]:
+  """The checkpoint steps of the run's final model, which train.py's final evaluation averages: the newest
+  `eval.average_last` of the run's `config`, as many as exist."""
+  manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
+  saved = sorted(manager.all_steps())
+  manager.close()
+  return saved[-config.eval.average_last:]
+
+
 def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,
             mesh=None) -> Restored:
   """Params of the latest (or given) step, or the average of the last `average_last` checkpoints."""

@@ -10,7 +10,6 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer_jax import checkpoint
 from transformer_jax import files
 from transformer_jax import generation
 from transformer_jax import metrics as metrics_lib
@@ -73,18 +72,21 @@ def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]]
 
 
 def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
-                   compare_to: significance.Comparison | None = None) -> dict:
+                   compare_to: significance.Comparison | None = None, final_steps: list[int] | None = None) -> dict:
   """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split of the
   restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison'); a language
   model's numbers instead (`evaluate_documents`).
 
   Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, an ensemble's
-  under names tagged 'ensemble' with its members (workdir and steps of each) in the results.
+  under names tagged 'ensemble' with its members (workdir and steps of each) in the results. Given the steps of
+  the run's final model (`restoring.final_model_steps`), params of other steps are written under names tagged with
+  their steps (`results_tag`), so that evaluating another checkpoint never replaces the final evaluation.
   """
+  tag = results_tag(restored, final_steps)
   if restored.members[0].model.config.decoder_only:
     if compare_to:
       raise ValueError('--compare_to compares translations; a language model\'s evaluation has none: drop it.')
-    return evaluate_documents(restored, workdir, split)
+    return evaluate_documents(restored, workdir, split, tag)
   config, run_dir = restored.config, Workdir(workdir)
   for key in ('eval.batch_size', 'decode.batch_size'):
     section, name = key.split('.')
@@ -110,15 +112,22 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
     results['comparison'] = compare_to.run(hypotheses, references)
   if jax.process_index() == 0:
     results['translations'] = write_translations(
-        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, _tag(restored))
-    _write_results(run_dir, split, config, results, _tag(restored))
+        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, tag)
+    results['results_file'] = _write_results(run_dir, split, config, results, tag)
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
 
 
-def _tag(restored: restoring.Restored) -> str | None:
-  """How an evaluation's files are named: 'ensemble' for an ensemble (`Workdir.results_file`)."""
-  return 'ensemble' if restored.is_ensemble else None
+def results_tag(restored: restoring.Restored, final_steps: list[int] | None = None) -> str | None:
+  """How an evaluation's files are named (`Workdir.results_file`): 'ensemble' for an ensemble; for params of other
+  steps than `final_steps` (when given), 'step<N>' for one checkpoint and 'average<K>_step<N>' for an average of
+  K ending at step N; None (results.json) for the final model."""
+  if restored.is_ensemble:
+    return 'ensemble'
+  chosen = list(restored.steps)
+  if final_steps is None or chosen == list(final_steps):
+    return None
+  return f'step{chosen[-1]}' if len(chosen) == 1 else f'average{len(chosen)}_step{chosen[-1]}'
 
 
 def _provenance(restored: restoring.Restored) -> dict:
@@ -128,17 +137,20 @@ def _provenance(restored: restoring.Restored) -> dict:
   return {'step': restored.steps[-1], 'averaged_steps': restored.steps}
 
 
-def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str | None) -> None:
-  files.write_atomically(run_dir.results_file(split, config.eval.test_split, tag), json.dumps(results, indent=2))
+def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str | None) -> str:
+  path = run_dir.results_file(split, config.eval.test_split, tag)
+  files.write_atomically(path, json.dumps(results, indent=2))
+  return path
 
 
-def evaluate_documents(restored: restoring.Restored, workdir: str, split: str) -> dict:
+def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, tag: str | None = None) -> dict:
   """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
   byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
   those whose half leaves the model room to continue).
 
   Bits per byte: the total NLL in bits over the UTF-8 bytes of the documents, each counted with one byte more
-  for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir.
+  for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir, under a
+  name with `tag` (`results_tag`) if given.
   """
   config = restored.config
   documents = sources.load_documents(config.data, split)
@@ -157,7 +169,7 @@ def evaluate_documents(restored: restoring.Restored, workdir: str, split: str) -
              'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
              'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()}}
   if jax.process_index() == 0:
-    _write_results(Workdir(workdir), split, config, results, _tag(restored))
+    results['results_file'] = _write_results(Workdir(workdir), split, config, results, tag)
   results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
   return results
 
@@ -204,6 +216,8 @@ def describe(results: dict, num_samples: int) -> str:
   else:
     provenance = f'params of step(s) {results["averaged_steps"]}'
   lines = [f'{headline}; {provenance}']
+  if 'results_file' in results:
+    lines.append(f'results written to {results["results_file"]}')
   for sample in results['samples'][:num_samples]:
     lines += [f'  {label + ":":<11}{text}' for label, text in zip(labels, sample)]
   if 'comparison' in results:
@@ -214,10 +228,7 @@ def describe(results: dict, num_samples: int) -> str:
 def final_report(config, workdir: str) -> dict:
   """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
   (a language model: perplexity against the unigram baseline, and samples)."""
-  manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
-  available = len(manager.all_steps())
-  manager.close()
-  average = min(config.eval.average_last, available)
+  average = len(restoring.final_model_steps(config, workdir))
   restored = restoring.restore(config, workdir, average_last=average if average > 1 else None)
   results = evaluate_split(restored, workdir, config.eval.test_split)
   if jax.process_index() == 0:

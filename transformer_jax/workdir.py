@@ -6,9 +6,10 @@
     WORKDIR/averaged/checkpoints/    averaged params written by `eval.py --save_averaged`
     WORKDIR/metrics.jsonl            one JSON line per logged train / eval / compile record
     WORKDIR/tensorboard/             TensorBoard event files
-    WORKDIR/results.json             the final evaluation of the test split (results_<split>.json for others;
-                                     results_ensemble.json for an ensemble evaluated from this workdir)
-    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation (<split>.ensemble.*.txt)
+    WORKDIR/results.json             the final model's evaluation of the test split (results_<split>.json for
+                                     others; results_step<N>.json for other params, results_ensemble.json for an
+                                     ensemble evaluated from this workdir: `scoring.results_tag`)
+    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation (<split>.<tag>.*.txt)
     WORKDIR/train.log                train.py's output when a sweep launches it
     WORKDIR/train.lock               held by the training process (`Workdir.exclusive`): one run per workdir
 """
