@@ -155,9 +155,13 @@ def test_metrics_are_read_defensively_and_compiles_left_out_of_speed(tmp_path):
   base = os.path.join(tmp_path, 'c.py')
   _write(base, 'from transformer_jax.config import base_config\n'
                'def get_config():\n  c = base_config()\n  c.train.update(num_steps=50, warmup_steps=1)\n  return c\n')
-  variants = [sweep.Variant('v', {'train.seed': 1}, None), sweep.Variant('w', {'train.seed': 2}, None)]
+  # A finished run whose eval.test_split is 'validation' (as runlocal's): its loss is read under that split's name.
+  _write(os.path.join(tmp_path, 'x', 'results.json'),
+         '{"step": 50, "split": "validation", "bleu": 1.0, "validation_loss": 2.75}')
+  variants = [sweep.Variant(name, {'train.seed': seed}, None) for seed, name in enumerate('vwx', 1)]
   rows = sweep.write_results(base, variants, str(tmp_path))
   assert rows[0]['status'] == 'incomplete' and rows[1]['status'] == 'not started'
+  assert (rows[2]['status'], rows[2]['test_loss']) == ('finished', 2.75)
   assert (rows[0]['step'], rows[0]['train_loss'], rows[0]['eval_loss']) == (40, 1.0, 2.5)
   assert rows[0]['steps_per_second'] == 4.0  # the windows of steps 20 and 40, without a compilation
   assert rows[0]['bleu'] is None and rows[1]['train_loss'] is None

@@ -396,7 +396,7 @@ def result_row(base: str, variant: Variant, root: str, outcome: str | None = Non
       'chrf': results.get('chrf'),
       'chrf++': results.get('chrf++'),
       'tokenized_bleu': results.get('tokenized_bleu'),
-      'test_loss': results.get('test_loss'),
+      'test_loss': results.get(f'{results.get("split", "test")}_loss'),  # on eval.test_split, whatever it names
       'params': results.get('params'),
       'steps_per_second': 1 / statistics.median(step_seconds) if step_seconds else None,
   })
