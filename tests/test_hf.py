@@ -23,6 +23,7 @@ from transformer_jax import generation
 from transformer_jax import restoring
 from transformer_jax import sharding
 from transformer_jax.data import sources
+from transformer_jax.export import card
 from transformer_jax.export import hf
 from transformer_jax.export import marian
 from transformer_jax.export import serving
@@ -289,6 +290,20 @@ def test_exported_directory_holds_a_model_card_with_config_data_and_scores(expor
   assert 'the built-in EN→DE corpus' in card and '"d_model": 64' in card
   assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'generation_config.json', 'model.safetensors',
                                      'source.spm', 'target.spm', 'tokenizer_config.json', 'vocab.json']
+
+
+def test_the_model_card_gives_the_exported_params_scores_or_says_whose_they_are(tmp_path):
+  """The card reads eval.py's results file for the exported steps; without one, the final model's, said as such."""
+  config = config_lib.base_config()
+  final = {'split': 'test', 'num_sentences': 8, 'averaged_steps': [2, 4], 'bleu': 31.0, 'bleu_signature': 's'}
+  (tmp_path / 'results.json').write_text(json.dumps(final))
+  (tmp_path / 'results_step4.json').write_text(json.dumps(final | {'averaged_steps': [4], 'bleu': 29.5}))
+  assert '- bleu: 31.00' in card.model_card(config, str(tmp_path), [2, 4], [2, 4])
+  own = card.model_card(config, str(tmp_path), [4], [2, 4])
+  assert '- bleu: 29.50' in own and 'params of step(s) [4]' in own and 'not of the exported' not in own
+  other = card.model_card(config, str(tmp_path), [3], [2, 4])
+  assert '- bleu: 31.00' in other
+  assert "the scores of the run's final model, not of the exported params of step(s) [3]" in other
 
 
 # --- the imported workdir with our other tools

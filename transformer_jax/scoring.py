@@ -21,7 +21,7 @@ from transformer_jax import steps
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.tokens import EOS_ID
-from transformer_jax.workdir import Workdir
+from transformer_jax.workdir import Workdir, params_tag
 
 # The unigram baseline of a language model counts tokens of at most this many training documents (a seeded sample).
 UNIGRAM_DOCUMENTS = 200_000
@@ -119,15 +119,9 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
 
 
 def results_tag(restored: restoring.Restored, final_steps: list[int] | None = None) -> str | None:
-  """How an evaluation's files are named (`Workdir.results_file`): 'ensemble' for an ensemble; for params of other
-  steps than `final_steps` (when given), 'step<N>' for one checkpoint and 'average<K>_step<N>' for an average of
-  K ending at step N; None (results.json) for the final model."""
-  if restored.is_ensemble:
-    return 'ensemble'
-  chosen = list(restored.steps)
-  if final_steps is None or chosen == list(final_steps):
-    return None
-  return f'step{chosen[-1]}' if len(chosen) == 1 else f'average{len(chosen)}_step{chosen[-1]}'
+  """How an evaluation's files are named (`Workdir.results_file`): 'ensemble' for an ensemble; for one model,
+  `workdir.params_tag` of its steps (None, results.json, for the final model or when `final_steps` is None)."""
+  return 'ensemble' if restored.is_ensemble else params_tag(restored.steps, final_steps)
 
 
 def _provenance(restored: restoring.Restored) -> dict:

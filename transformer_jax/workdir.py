@@ -8,7 +8,7 @@
     WORKDIR/tensorboard/             TensorBoard event files
     WORKDIR/results.json             the final model's evaluation of the test split (results_<split>.json for
                                      others; results_step<N>.json for other params, results_ensemble.json for an
-                                     ensemble evaluated from this workdir: `scoring.results_tag`)
+                                     ensemble evaluated from this workdir: `params_tag`, `scoring.results_tag`)
     WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation (<split>.<tag>.*.txt)
     WORKDIR/train.log                train.py's output when a sweep launches it
     WORKDIR/train.lock               held by the training process (`Workdir.exclusive`): one run per workdir
@@ -33,6 +33,16 @@ def _is_file(fd: int, path: str) -> bool:
     return os.path.samestat(os.fstat(fd), os.stat(path))
   except FileNotFoundError:
     return False
+
+
+def params_tag(steps, final_steps) -> str | None:
+  """How the results of params from checkpoint `steps` are named beside those of the run's final model
+  (`final_steps`): None (results.json) for the final model, 'step<N>' for one other checkpoint, 'average<K>_step<N>'
+  for an average of K ending at step N."""
+  steps = list(steps)
+  if final_steps is None or steps == list(final_steps):
+    return None
+  return f'step{steps[-1]}' if len(steps) == 1 else f'average{len(steps)}_step{steps[-1]}'
 
 
 class WorkdirInUseError(OSError):

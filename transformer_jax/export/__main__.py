@@ -53,7 +53,8 @@ def main(argv):
   if _FORMAT.value == 'transformers':
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(nn.unbox(restored.params)))
     out = hf.write(restored.model.config, params, restored.tokenizer, _OUT.value, decode=config.decode,
-                   card=card.model_card(config, workdir, restored.steps))
+                   card=card.model_card(config, workdir, restored.steps,
+                                         restoring.final_model_steps(config, workdir)))
   else:
     out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer, _OUT.value,
                                     _QUANTIZATION.value, decode=config.decode)

@@ -6,7 +6,7 @@ import os
 from transformer_jax import files
 from transformer_jax.export import marian
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.workdir import Workdir
+from transformer_jax.workdir import Workdir, params_tag
 
 
 _USAGE = '\n'.join([
@@ -28,21 +28,29 @@ def _data(config) -> str:
   return f'local files: {json.dumps(named)}'
 
 
-def _scores(workdir: str) -> str:
-  path = Workdir(workdir).final_results_file
+def _scores(config, workdir: str, steps, final_steps) -> str:
+  """The test scores of the exported params (eval.py's results file for their steps) or, where those were never
+  evaluated, of the run's final model, said as such."""
+  run_dir, split = Workdir(workdir), config.eval.test_split
+  own = run_dir.results_file(split, split, params_tag(steps, final_steps))
+  path = own if os.path.isfile(own) else run_dir.final_results_file
   if not os.path.isfile(path):
     return 'No test scores: the run has no results.json (evaluate it with `python eval.py --workdir=...`).\n'
   results = files.read_json(path, 'results file')
   lines = [f'On the `{results.get("split", "test")}` split ({results.get("num_sentences")} sentences), params of '
            f'step(s) {results.get("averaged_steps")}, beam {results.get("beam_size")}:', '']
+  if path != own:
+    lines[1:1] = ['', f'These are the scores of the run\'s final model, not of the exported params of step(s) '
+                  f'{list(steps)}, which were not evaluated.']
   for metric in ('bleu', 'chrf', 'chrf++'):
     if metric in results:
       lines.append(f'- {metric}: {results[metric]:.2f} (sacrebleu `{results.get(metric + "_signature", "")}`)')
   return '\n'.join(lines) + '\n'
 
 
-def model_card(config, workdir: str, steps) -> str:
-  """README.md for the export of `workdir` (its saved `config`) at `steps`."""
+def model_card(config, workdir: str, steps, final_steps) -> str:
+  """README.md for the export of `workdir` (its saved `config`) at `steps`; `final_steps`: those of the run's final
+  model (`restoring.final_model_steps`), which name the results files."""
   cfg = ModelConfig.from_dict(config.model)
   notes = []
   if cfg.sinusoids == 'interleaved':
@@ -74,7 +82,7 @@ Trained on {_data(config)}. The exported params are those of step(s) {steps}.
 
 ## Test scores
 
-{_scores(workdir)}
+{_scores(config, workdir, steps, final_steps)}
 ## Training config
 
 ```json
