@@ -20,6 +20,7 @@ from transformer_jax import files
 from transformer_jax import generation
 from transformer_jax import restoring
 from transformer_jax import sweep
+from transformer_jax import text_input
 from transformer_jax import trainer
 from transformer_jax.data import pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
@@ -88,6 +89,20 @@ def test_text_that_is_not_utf8_names_the_line():
   with pytest.raises(ValueError) as error:
     files.text_lines(b'fine\nalso fine\nbroken \xff here\n', 'standard input')
   assert _one_line(error).startswith('standard input: line 3 is not valid UTF-8')
+
+
+def test_an_over_long_line_is_named_by_its_place_in_the_input_blank_lines_counted():
+  class Words:
+    def encode(self, text):
+      return [4] * len(text.split())
+
+  def translate(kept, numbers):
+    text_input.encode_lines(kept, Words(), 4, False, numbers=numbers)
+    return kept
+
+  assert text_input.translate_nonblank(['a b', '', 'c'], translate) == ['a b', '', 'c']
+  with pytest.raises(ValueError, match=r"^input line 5 has 5 tokens, more than the model's max length 4: shorten "):
+    text_input.translate_nonblank(['a', '', '  ', 'b c', 'd e f g', 'h'], translate)
 
 
 @pytest.mark.parametrize('content', ['{"model": ', '[1, 2]', '\xff'])

@@ -167,8 +167,8 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
   decode_cfg.beam_size = beam_size or decode_cfg.beam_size
   rows = -(-batch_size // sharding.data_parallel_size(restored.mesh)) * sharding.data_parallel_size(restored.mesh)
 
-  def translate(kept: list[str]) -> list[str]:
-    encoded = text_input.encode_lines(kept, restored.tokenizer, restored.max_len, truncate)
+  def translate(kept: list[str], numbers: list[int]) -> list[str]:
+    encoded = text_input.encode_lines(kept, restored.tokenizer, restored.max_len, truncate, numbers=numbers)
     examples = ({'inputs': np.asarray(ids, np.int32), 'targets': np.asarray([EOS_ID], np.int32)} for ids in encoded)
     batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
                                       process_count=jax.process_count())

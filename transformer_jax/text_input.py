@@ -24,12 +24,12 @@ def flag_text(value: str, flag: str) -> str:
 
 def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
                  what: str = 'input line {number}', fix: str = 'shorten it or pass --truncate',
-                 target: bool = False) -> list[list[int]]:
+                 target: bool = False, numbers=None) -> list[list[int]]:
   """Token ids with EOS for each line (source sentences, or `target` ones); an over-long line is an error naming it
-  (`what`, `fix`), or cut."""
+  (`what` with its number: its place in `lines` from 1, or in `numbers`), or cut."""
   encode = tokenizer.encode_target if target else tokenizer.encode
   encoded = []
-  for number, line in enumerate(lines, 1):
+  for number, line in zip(numbers or range(1, len(lines) + 1), lines, strict=True):
     ids = encode(line) + [EOS_ID]
     if len(ids) > max_len:
       if not truncate:
@@ -41,10 +41,10 @@ def encode_lines(lines, tokenizer, max_len: int, truncate: bool,
 
 
 def translate_nonblank(lines: list[str], translate) -> list[str]:
-  """`translate(lines)` of the non-blank lines, put back in order; empty (or blank) lines give empty outputs (as in
-  every translation engine)."""
+  """`translate(lines, numbers)` of the non-blank lines and their line numbers in `lines` (from 1, for errors),
+  put back in order; empty (or blank) lines give empty outputs (as in every translation engine)."""
   keep = [i for i, line in enumerate(lines) if line.strip()]
   out = [''] * len(lines)
-  for i, text in zip(keep, translate([lines[i] for i in keep]), strict=True):
+  for i, text in zip(keep, translate([lines[i] for i in keep], [i + 1 for i in keep]), strict=True):
     out[i] = text
   return out

@@ -33,8 +33,8 @@ def translate_lines(model_dir: str, lines: list[str], *, beam_size: int | None =
     raise ValueError(f'{model_dir} does not load as a CTranslate2 model ({one_line(e)}): a file of the export is '
                      'damaged; export it again with python -m transformer_jax.export.') from None
 
-  def translate(kept: list[str]) -> list[str]:
-    encoded = text_input.encode_lines(kept, tok, model.max_len, truncate)
+  def translate(kept: list[str], numbers: list[int]) -> list[str]:
+    encoded = text_input.encode_lines(kept, tok, model.max_len, truncate, numbers=numbers)
     out = []
     for start in range(0, len(encoded), batch_size):
       batch = encoded[start:start + batch_size]
