@@ -320,6 +320,8 @@ def _run(entry_points, args, stdin=None):
     (['-m', 'transformer_jax.export', f'--workdir={LEGACY}', '--out=CFG'], 'CFG exists and is not an empty directory'),
     (['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--beam_size=0'],
      'flag --beam_size=0: 0 is not a positive integer'),
+    (['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy', '--beam_size=5'],
+     '--beam_size is for --method=beam; greedy search keeps one hypothesis: drop one of them.'),
     (['-m', 'transformer_jax.attention_plots', '--workdir=W', '--sentence=Hi'], 'workdir W does not exist'),
     (['-m', 'transformer_jax.attention_plots', f'--workdir={LEGACY}', '--sentence=Hi', '--layer=5'],
      '--layer=5 is out of range: the model has layers 0..0.'),

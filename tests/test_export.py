@@ -19,6 +19,7 @@ from transformer_jax import scores
 from transformer_jax import sharding
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
+from transformer_jax.export import marian
 from transformer_jax.export import serving
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -220,6 +221,7 @@ def test_int8_weights_keep_seven_bits_so_no_16_bit_pair_sum_of_a_cpu_can_overflo
     ({'quantization': 'int4'}, "quantization='int4': use one of"),
     ({'spm': 'missing.model'}, 'no SentencePiece model at'),
     ({'out': 'not empty'}, 'is not an empty directory'),
+    ({'out': 'under a file'}, r'/a_file is a file, so .*/a_file/sub/out cannot be made: pass an export directory '),
     ({'norm': 'pre'}, 'the params have no encoder/final_norm'),  # given post-LN params
 ])
 def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message):
@@ -228,9 +230,13 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
   quantization = change.pop('quantization', None)
   spm_path = change.pop('spm', Workdir(workdir).tokenizer_model)
   out = tmp_path / 'out'
-  if change.pop('out', None):
+  out_kind = change.pop('out', None)
+  if out_kind == 'not empty':
     out.mkdir()
     (out / 'model.bin').write_text('an earlier export')
+  elif out_kind == 'under a file':
+    (tmp_path / 'a_file').write_text('not a directory')
+    out = tmp_path / 'a_file' / 'sub' / 'out'
   base = dict(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
               max_len=32)
   # Only the last case gets as far as reading params: the others must refuse before looking at them.
@@ -239,6 +245,16 @@ def test_refused_exports_are_one_line_errors(trained, tmp_path, change, message)
     export.export_ctranslate2(ModelConfig(**{**base, **change}), params, spm_path, out, quantization=quantization)
   assert '\n' not in str(error.value)
   assert not (out / 'config.json').exists()
+
+
+def test_a_language_model_is_refused_by_both_export_formats_without_pointing_at_the_other():
+  cfg = ModelConfig(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=0, num_decoder_layers=1,
+                    architecture='decoder_only')
+  with pytest.raises(ValueError, match='decoder-only language model; neither export format holds one') as error:
+    marian.check_exportable(cfg)
+  assert 'ctranslate2' not in str(error.value)
+  with pytest.raises(ValueError, match='this is a decoder-only language model: export a translation model'):
+    export.check_exportable(cfg, None)
 
 
 def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_greedy_search(entry_points, trained,

@@ -259,6 +259,18 @@ def test_generate_command(entry_points, trained_lm):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('tool', [['-m', 'transformer_jax.translate'],
+                                  ['-m', 'transformer_jax.attention_plots', '--sentence=The dog']])
+def test_the_translation_tools_refuse_a_language_model_in_one_line(entry_points, trained_lm, tool):
+  _, workdir = trained_lm
+  result = entry_points.run([*tool, f'--workdir={workdir}'], 'The dog sees the cat.\n', text=True)
+  assert result.returncode == 1 and result.stdout == ''
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: {workdir} holds a language model (model.architecture='decoder_only'), which continues text rather "
+      'than translating it: use python -m transformer_jax.generate.')
+
+
+@pytest.mark.slow
 def test_train_py_ends_with_perplexity_against_the_unigram_baseline_and_a_sample(entry_points, tmp_path):
   result = entry_points.run(helpers.train_args(str(tmp_path), config=helpers.LM_CONFIG, **helpers.LM), text=True,
                             timeout=600)

@@ -101,6 +101,9 @@ def check_new_directory(path) -> None:
   path = pathlib.Path(path)
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
     raise ValueError(f'{path} exists and is not an empty directory: pass a new export directory.')
+  existing = next(parent for parent in path.absolute().parents if parent.exists())
+  if not existing.is_dir():
+    raise ValueError(f'{existing} is a file, so {path} cannot be made: pass an export directory outside it.')
 
 
 @contextlib.contextmanager

@@ -160,6 +160,13 @@ def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
   return out
 
 
+def check_translation_model(model_config, workdir: str) -> None:
+  """Refuses, in one line, a language model where a tool translates (or plots a translation's attention)."""
+  if model_config.decoder_only:
+    raise ValueError(f"{workdir} holds a language model (model.architecture='decoder_only'), which continues "
+                     'text rather than translating it: use python -m transformer_jax.generate.')
+
+
 def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam_size=None,
                     batch_size=32, truncate=False) -> list[str]:
   """Translations of `lines` in order; empty (or blank) lines give empty outputs."""

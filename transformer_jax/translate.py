@@ -16,6 +16,7 @@ from transformer_jax import config as config_lib
 from transformer_jax import generation
 from transformer_jax import restoring
 from transformer_jax import text_input
+from transformer_jax.model_config import ModelConfig
 
 _CHECKPOINTS = cli.CheckpointFlags(workdir_required=False)
 _ENGINE = flags.DEFINE_enum('engine', 'jax', ['jax', 'ctranslate2'],
@@ -32,6 +33,8 @@ _BATCH = flags.DEFINE_integer('batch_size', 32, 'Sentences translated at once.',
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; text comes on standard input.')
+  if _METHOD.value == 'greedy' and _BEAM.value is not None:
+    raise ValueError('--beam_size is for --method=beam; greedy search keeps one hypothesis: drop one of them.')
   translate = _ctranslate2_engine() if _ENGINE.value == 'ctranslate2' else _jax_engine()  # checks the flags
   lines = text_input.read_stdin()  # line i in, translation i out
   sys.stdout.write(''.join(t + '\n' for t in translate(lines)))
@@ -42,11 +45,12 @@ def _jax_engine():
   if _MODEL.value or not _CHECKPOINTS.given:
     raise ValueError('--engine=jax translates with a run\'s checkpoints: pass --workdir=DIR (and no --model, which '
                      'is an export for --engine=ctranslate2).')
+  runs = [(config_lib.of_run(workdir), workdir, step) for workdir, step in _CHECKPOINTS.runs()]
+  for config, workdir, _ in runs:
+    generation.check_translation_model(ModelConfig.from_dict(config.model), workdir)
 
   def translate(lines):
-    restored = restoring.restore_ensemble([(config_lib.of_run(workdir), workdir, step)
-                                           for workdir, step in _CHECKPOINTS.runs()],
-                                          average_last=_CHECKPOINTS.average_last)
+    restored = restoring.restore_ensemble(runs, average_last=_CHECKPOINTS.average_last)
     return generation.translate_lines(restored, lines, method=_METHOD.value, beam_size=_BEAM.value,
                                      batch_size=_BATCH.value, truncate=_TRUNCATE.value)
 

@@ -36,9 +36,10 @@ _PROJECTIONS = {'query': 'q_proj', 'key': 'k_proj', 'value': 'v_proj'}
 
 def check_exportable(cfg: ModelConfig) -> None:
   """Refuses, in one line that says what to do, a model MarianMT cannot hold."""
-  problems = []
   if cfg.decoder_only:
-    problems.append('a decoder-only language model (MarianMT is an encoder-decoder)')
+    raise ValueError('MarianMT is an encoder-decoder, and this is a decoder-only language model; neither export '
+                     'format holds one: export a translation model.')
+  problems = []
   if cfg.norm != 'post':
     problems.append("pre-LN layers (model.norm='pre'; Marian's are post-LN)")
   if cfg.positional != 'sinusoidal':
