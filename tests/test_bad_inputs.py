@@ -135,6 +135,24 @@ def test_a_file_that_cannot_be_written_names_it(tmp_path):
   assert _one_line(error).startswith(f'cannot write {blocker}/tokenizer/spm.model (')
 
 
+@pytest.mark.parametrize('mask', [0o022, 0o077], ids=['umask022', 'umask077'])
+def test_written_files_get_the_permissions_of_the_umask_as_open_gives_them(tmp_path, mask):
+  """Others may read a run or an export where the umask lets them: not mkstemp's or safetensors' owner-only 0600."""
+  previous = os.umask(mask)
+  try:
+    assert files.umask() == mask
+    files.write_atomically(str(tmp_path / 'run' / 'config.json'), '{}')
+    with files.staged_directory(tmp_path / 'export') as staging:
+      owner_only = os.path.join(staging, 'model.safetensors')
+      with open(os.open(owner_only, os.O_CREAT | os.O_WRONLY, 0o600), 'wb') as f:
+        f.write(b'weights')
+  finally:
+    os.umask(previous)
+  for path in (tmp_path / 'run' / 'config.json', tmp_path / 'export' / 'model.safetensors'):
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask, path
+  assert os.stat(tmp_path / 'export').st_mode & 0o777 == 0o777 & ~mask
+
+
 _UNRAISABLE = """
 import asyncio, gc
 from transformer_jax import cli

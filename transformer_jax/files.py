@@ -58,6 +58,17 @@ def read_json(path: str, what: str) -> dict:
   return value
 
 
+def umask() -> int:
+  """This process's umask, read without setting it where Linux shows it (os.umask sets while it reads)."""
+  try:
+    with open('/proc/self/status', encoding='ascii') as f:
+      return next(int(line.split()[1], 8) for line in f if line.startswith('Umask:'))
+  except (OSError, StopIteration, ValueError):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(path: str, data: bytes | str) -> None:
   """Writes via a temporary file in the same directory and a rename: readers never see half a file, and a full
   disk leaves the previous file as it was (the error names the file)."""
@@ -66,6 +77,7 @@ def write_atomically(path: str, data: bytes | str) -> None:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}-', suffix='.tmp')
     try:
+      os.fchmod(fd, 0o666 & ~umask())  # the permissions open() gives a new file, not mkstemp's owner-only ones
       with os.fdopen(fd, 'wb' if isinstance(data, bytes) else 'w') as f:
         f.write(data)
       os.replace(tmp, path)
@@ -109,15 +121,18 @@ def check_new_directory(path) -> None:
 @contextlib.contextmanager
 def staged_directory(path):
   """Yields a new directory beside `path` (new or empty) to fill; it becomes `path` when the block ends, and is
-  removed if the block fails: a reader never sees half a directory."""
+  removed if the block fails: a reader never sees half a directory. Its files get the permissions open() gives a
+  new file, whatever wrote them (safetensors writes owner-only files)."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f'.{path.name}.', dir=path.parent)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(staging, 0o777 & ~umask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
+  mask = umask()
+  os.chmod(staging, 0o777 & ~mask)  # the permissions os.mkdir gives, not mkdtemp's owner-only 0o700
   try:
     yield staging
+    for directory, _, names in os.walk(staging):
+      for name in names:
+        os.chmod(os.path.join(directory, name), 0o666 & ~mask)
     if path.exists():
       path.rmdir()
     os.rename(staging, path)
