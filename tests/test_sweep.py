@@ -76,6 +76,11 @@ def test_variant_names():
   assert variants[0] == sweep.Variant('A_h16,bucket_boundaries=8-16', {'pipeline.bucket_boundaries': (8, 16)},
                                       'A_h16')
   assert sweep.variants({'my run/1': {'train.seed': 1}})[0].name == 'my_run_1'
+  fixed = [(f'train.key_{i:02d}', [1000 + i]) for i in range(20)]  # 20 × 'key_NN=10NN,': 240 characters
+  assert len(sweep.variants(sweep.product(*fixed, ('model.num_heads', [2])))[0].name) == 251
+  with pytest.raises(ValueError, match=r'^variant key_00=1000,key_01=1001,.*\.\.\. gets a workdir name of 262 '
+                                       r'characters, more than a file name holds \(255\): return a dict '):
+    sweep.variants(sweep.product(*fixed, ('model.num_heads', [2, 4]), ('model.d_model', [64, 128])))
   with pytest.raises(ValueError, match='both get the workdir name'):
     sweep.variants({'a b': {}, 'a_b': {'train.seed': 1}})
 

@@ -140,6 +140,9 @@ def _format_value(value) -> str:
   return str(value)
 
 
+_NAME_MAX = 255  # the longest file name of common file systems (ext4, XFS, APFS, NTFS), in bytes
+
+
 def _safe_name(name: str) -> str:
   name = re.sub(r'[^A-Za-z0-9_.,=+-]', '_', name).strip('.')
   return name or 'variant'
@@ -166,6 +169,10 @@ def variants(sweep) -> list[Variant]:
       if not isinstance(key, str) or not key:
         raise ValueError(f'variant {name!r}: override keys must be dotted config keys, got {key!r}.')
     safe = _safe_name(name)
+    if len(safe) > _NAME_MAX:
+      raise ValueError(f'variant {safe[:60]}... gets a workdir name of {len(safe)} characters, more than a file name '
+                       f'holds ({_NAME_MAX}): return a dict {{name: overrides}} from get_sweep() to name the variants, '
+                       'or set the values every variant shares in the base config.')
     if safe in seen:
       raise ValueError(f'variants {seen[safe]!r} and {name!r} both get the workdir name {safe!r}; '
                        'return a dict {name: overrides} from get_sweep() to name them.')
