@@ -314,6 +314,9 @@ def _run(entry_points, args, stdin=None):
       *[f'--config.data.files.{split}.{side}=CFG/{split}.{side}' for split in ('train', 'validation', 'test')
         for side in ('source', 'target')]],
      'CFG/train.source does not exist: fix data config key files.train.source'),
+    (['train.py', '--workdir=W', '--config.data.source=files', '--config.data.files.train.tsv=CFG/pairs.tsv',
+      '--config.data.files.validation.tsv=CFG/pairs.tsv', '--config.data.files.test.tsv=CFG/nope.tsv'],
+     'CFG/nope.tsv does not exist: fix data config key files.test.tsv'),  # before training, not after it
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.top_k=5'],
@@ -363,7 +366,7 @@ def test_entry_points_fail_with_one_line(entry_points, tmp_path, args, message):
   for name, text in (('none.py', 'def get_config():\n  return None\n'), ('noget.py', 'X = 1\n'),
                      ('noarg.py', 'from transformer_jax import config\ndef get_config():\n  return config.base_config()\n'),
                      ('syntax.py', 'def get_config(:\n'), ('sweep_no_config.py', 'def get_sweep():\n  return [{}]\n'),
-                     ('a_file', 'not a directory\n')):
+                     ('a_file', 'not a directory\n'), ('pairs.tsv', 'A dog.\tEin Hund.\nA cat.\tEine Katze.\n')):
     (config_dir / name).write_text(text)
   args = [arg.replace('CFG', str(config_dir)).replace('=W', f'={tmp_path / "w"}') for arg in args]
   message = message.replace('CFG', str(config_dir)).replace('workdir W', f'workdir {tmp_path / "w"}')

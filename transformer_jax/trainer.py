@@ -112,6 +112,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   documents = model.config.decoder_only
   train_pairs = sources.load(config.data, 'train', documents)
   valid_pairs = sources.load(config.data, config.eval.split, documents)
+  if config.eval.test_split not in ('train', config.eval.split):  # read by the final evaluation, checked now
+    sources.load(config.data, config.eval.test_split, documents)
   tok = tokenizer_lib.for_training(config.tokenizer, run_dir.tokenizer_model, train_pairs, config.model.vocab_size)
   # The batch sequence depends on the number of worker processes: a resumed run keeps the one it started with.
   if config.pipeline.num_workers == pipeline_section.AUTO_WORKERS:
