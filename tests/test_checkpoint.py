@@ -3,7 +3,7 @@ every N steps and keeps the last K; a checkpoint holds params, optimizer state, 
 iterator's position; a rerun in the same workdir resumes and repeats the uninterrupted run step for step
 (dropout on); SIGTERM saves and
 exits 0; kill -9 during an async save leaves a restorable checkpoint; a checkpoint of another model shape
-is an error that lists the shapes and changes nothing."""
+is an error that lists the shapes and changes nothing, as is one that would resume with other batches."""
 
 import os
 import queue
@@ -143,6 +143,24 @@ def test_checkpoint_of_another_model_shape_is_refused(uninterrupted):
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
   with open(Workdir(workdir).config_file) as f:
     assert f.read() == config_before  # the workdir's config still describes its checkpoints
+
+
+@translator_only
+def test_resuming_with_other_batches_is_refused_and_changes_nothing(uninterrupted):
+  """A checkpoint holds its place in the run's batch sequence: other pipeline values would make other batches."""
+  workdir = uninterrupted[0]
+  before = helpers.tree_digest(Workdir(workdir).checkpoints)
+  with open(Workdir(workdir).config_file) as f:
+    config_before = f.read()
+  other = _config(pipeline__batch_size=16, pipeline__shuffle_seed=3, train__num_steps=NUM_STEPS + 2)
+  with pytest.raises(ValueError) as error:
+    trainer.train_and_evaluate(other, workdir)
+  assert str(error.value) == (
+      f'{workdir} was trained with pipeline.batch_size=8 (now 16), pipeline.shuffle_seed=0 (now 3): its checkpoints '
+      "continue the batches those values make; pass the run's values to resume it, or train in a new --workdir.")
+  assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
+  with open(Workdir(workdir).config_file) as f:
+    assert f.read() == config_before
 
 
 # --- subprocess runs of train.py: SIGTERM and kill -9

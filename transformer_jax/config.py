@@ -20,6 +20,7 @@ tokenizer's vocabulary size, and the model's max length and the pipeline's lengt
 
 import difflib
 import inspect
+import json
 from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
@@ -104,6 +105,38 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
       chooser, readers = unmet
       raise ValueError(f'--config.{key} is not read while {chooser}={_value(config, chooser)!r}, only when it is '
                        f'{" or ".join(map(repr, readers))}: drop it, or pass --config.{chooser}={readers[0]} too.')
+
+
+# What a run's batch sequence depends on: resumed with other values, its checkpoints' place in that sequence would
+# mean other batches (`check_resume`). Data paths may move between machines; read threads keep the order.
+BATCH_SEQUENCE_KEYS = ('data', 'tokenizer', 'pipeline')
+_NOT_BATCH_SEQUENCE_KEYS = ('data.files', 'data.tfds_data_dir', 'pipeline.read_threads')
+
+
+def changes_since(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
+  """{dotted key: (saved value, value now)} for each leaf that both `saved` (a run's config.json) and `config` hold
+  and that differs, the values compared as JSON holds them."""
+  def leaves(tree, prefix=''):
+    for key, value in tree.items():
+      if isinstance(value, Mapping):
+        yield from leaves(value, f'{prefix}{key}.')
+      else:
+        yield f'{prefix}{key}', value
+
+  before, now = dict(leaves(saved)), dict(leaves(json.loads(config.to_json_best_effort())))
+  return {key: (value, now[key]) for key, value in before.items() if key in now and now[key] != value}
+
+
+def check_resume(changes: Mapping[str, tuple[Any, Any]], workdir: str) -> None:
+  """Refuses, in one line, to resume a run with other values of what its batch sequence depends on (`changes` as
+  `changes_since` gives them)."""
+  fixed = {key: values for key, values in changes.items()
+           if any(_under(key, section) for section in BATCH_SEQUENCE_KEYS)
+           and not any(_under(key, free) for free in _NOT_BATCH_SEQUENCE_KEYS)}
+  if fixed:
+    listed = ', '.join(f'{key}={old!r} (now {new!r})' for key, (old, new) in fixed.items())
+    raise ValueError(f'{workdir} was trained with {listed}: its checkpoints continue the batches those values make; '
+                     'pass the run\'s values to resume it, or train in a new --workdir.')
 
 
 def is_read(config: ml_collections.ConfigDict, key: str) -> bool:

@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 
 from transformer_jax import checkpoint
 from transformer_jax import concurrent_compiles
+from transformer_jax import config as config_lib
 from transformer_jax import ensemble
 from transformer_jax import preemption
 from transformer_jax import reporting
@@ -116,8 +117,9 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
     sources.load(config.data, config.eval.test_split, documents)
   tok = tokenizer_lib.for_training(config.tokenizer, run_dir.tokenizer_model, train_pairs, config.model.vocab_size)
   # The batch sequence depends on the number of worker processes: a resumed run keeps the one it started with.
+  saved = run_dir.load_config().to_dict() if run_dir.has_config() else None
   if config.pipeline.num_workers == pipeline_section.AUTO_WORKERS:
-    started = run_dir.load_config().get('pipeline', {}).get('num_workers') if run_dir.has_config() else None
+    started = saved.get('pipeline', {}).get('num_workers') if saved else None
     auto = started in (None, pipeline_section.AUTO_WORKERS)
     config.pipeline.num_workers = pipeline.num_workers(config.pipeline) if auto else started
   # With worker processes the filter counts live (and are logged) in the workers: no metric claims them here.
@@ -130,7 +132,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
                                     keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints)
   cleanup.enter_context(checkpoint.closing(manager))
   stop.watch(manager)
-  latest, damaged = None, []
+  latest, damaged, changes = None, [], {}
   imported = checkpoint.params_only(manager, 0) if manager.all_steps() == [0] else None  # transformer_jax.convert's
   if imported is not None:
     state = dataclasses.replace(run.initial_state(),
@@ -141,6 +143,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
       raise ValueError(f'{run_dir.checkpoints} holds step {manager.latest_step()}, past train.num_steps='
                        f'{train_cfg.num_steps}: nothing to train (nothing was changed); pass a larger '
                        'train.num_steps to continue, or another --workdir.')
+    changes = config_lib.changes_since(saved, config) if saved is not None else {}
+    config_lib.check_resume(changes, run_dir.path)
     latest, restored, damaged = checkpoint.restore_newest(
         manager, lambda s: checkpoint.restore_state(manager, s, run.abstract_state.as_dict(), train_iter))
     state = steps.TrainState.from_dict(restored)
@@ -158,7 +162,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   report = reporting.TrainReport(run_dir, model.config, train_cfg.num_steps, step, filter_stats)
   cleanup.callback(report.close)
   if latest is not None:
-    report.log(f'resumed from step {latest} in {run_dir.checkpoints}')
+    changed = ''.join(f'; {key} changed from {old!r} to {new!r}' for key, (old, new) in changes.items())
+    report.log(f'resumed from step {latest} in {run_dir.checkpoints}{changed}')
 
   # --- jitted steps, compiled for every batch shape before the loop
   with run.activate():
