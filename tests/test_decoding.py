@@ -238,6 +238,17 @@ def test_greedy_cached_equals_uncached_and_pads_after_eos():
   assert any(EOS_ID in t and t[-1] == PAD_ID for t in tokens)
 
 
+def test_each_row_stops_at_its_own_limit_and_is_otherwise_the_same():
+  toy = HistoryToy(8, 7, 10, eos_bias=-3.0, eos_ramp=0.5, batch_size=6)
+  unlimited = [strip(t) for t in np.asarray(greedy_search(toy.logits_fn, toy.cache(), 6, max_decode_len=10))]
+  limits = [0, 1, 2, 3, 10, 10]
+  for limited in (greedy_search(toy.logits_fn, toy.cache(), 6, max_decode_len=10, row_limits=jnp.asarray(limits)),
+                  sample(toy.logits_fn, toy.cache(), 6, jax.random.key(0), max_decode_len=10, top_k=1,
+                         row_limits=jnp.asarray(limits))):
+    assert [list(t) for t in np.asarray(limited)] == [pad(seq[:limit], 10) for seq, limit in zip(unlimited, limits)]
+  assert any(len(seq) > limit for seq, limit in zip(unlimited, limits))  # the limits cut something
+
+
 @pytest.mark.parametrize("temperature, top_k, top_p", [(2.0, 1, 1.0), (1.0, 0, 1e-6), (0.5, 3, 1e-6)])
 def test_sampling_with_top_k_one_or_tiny_top_p_is_greedy(temperature, top_k, top_p):
   toy = HistoryToy(9, 7, 10, eos_bias=-3.0, eos_ramp=0.5, batch_size=6)

@@ -230,13 +230,20 @@ def test_prompts_longer_than_the_model_are_refused_or_fitted(trained_lm):
   config, workdir = trained_lm
   restored = restoring.restore(config, workdir)
   long_prompt = next(text for n in range(1, 64) if len(restored.tokenizer.encode(text := ' '.join(['dog'] * n))) >= 28)
-  prompts = ['The dog', long_prompt]  # 28 or 29 tokens: room for 3 or 4 more in the model's 32
+  prompts = ['The cat sees', long_prompt]  # 28 or 29 tokens: room for 3 or 4 more in the model's 32
   with pytest.raises(ValueError, match=r"prompt 2 has \d+ tokens, which with max_new_tokens=8 is more than the "
                                        r"model's max length 32: shorten the prompt"):
     generation.continue_prompts(restored, prompts, max_new_tokens=8)
-  # With fit, every prompt gets as many new tokens as the longest leaves room for.
+  # With fit, each prompt gets as many new tokens as it has room for: the short one as many as alone.
   (short,), (long,) = generation.continue_prompts(restored, prompts, max_new_tokens=8, temperature=0, fit=True)
-  assert short.startswith('The dog') and long.startswith(long_prompt)
+  (alone,), = generation.continue_prompts(restored, prompts[:1], max_new_tokens=8, temperature=0)
+  encode = restored.tokenizer.encode
+  assert short == alone and len(encode(alone)) - len(encode(prompts[0])) > 32 - len(encode(long_prompt))
+  assert long.startswith(long_prompt)
+  full = next(text for n in range(1, 64) if len(encode(text := ' '.join(['dog'] * n))) >= 32)
+  with pytest.raises(ValueError, match=rf"prompt 1 has {len(encode(full))} tokens, which leaves no room for more "
+                                       r"within the model's max length 32: shorten the prompt."):
+    generation.continue_prompts(restored, [full], max_new_tokens=8, fit=True)
 
 
 @pytest.mark.slow

@@ -225,7 +225,7 @@ def beam_search(
 class _SampleState(NamedTuple):
   step: jax.Array  # tokens generated so far
   seqs: jax.Array  # [batch, max_len]
-  done: jax.Array  # [batch] bool: the row has produced EOS
+  done: jax.Array  # [batch] bool: the row has produced EOS or its most tokens
   cache: PyTree
 
 
@@ -237,12 +237,15 @@ def _decode_token_by_token(
   eos_id,
   choose: Callable[[jax.Array, jax.Array], jax.Array],
   first_tokens: jax.Array | None,
+  row_limits: jax.Array | None,
 ) -> jax.Array:
-  """Appends choose(log_probs [batch, vocab], step) -> tokens [batch] to every unfinished row
-  until all rows produced EOS or max_decode_len tokens; returns tokens [batch, max_decode_len]."""
+  """Appends choose(log_probs [batch, vocab], step) -> tokens [batch] to every unfinished row until each row
+  produced EOS or its `row_limits` tokens ([batch], at most max_decode_len; default max_decode_len); returns tokens
+  [batch, max_decode_len] (PAD after a row's end)."""
   _check_lengths(batch_size, max_decode_len)
   _check_cache(cache, batch_size)
   first_tokens = _first_tokens(first_tokens, batch_size)
+  limits = jnp.full((batch_size,), max_decode_len, jnp.int32) if row_limits is None else row_limits
 
   def body(state):
     tokens = _previous_tokens(state.seqs, state.step, first_tokens)
@@ -251,14 +254,14 @@ def _decode_token_by_token(
     return _SampleState(
       step=state.step + 1,
       seqs=state.seqs.at[:, state.step].set(tokens),
-      done=state.done | (tokens == eos_id),
+      done=state.done | (tokens == eos_id) | (state.step + 1 >= limits),
       cache=cache,
     )
 
   init = _SampleState(
     step=jnp.array(0, jnp.int32),
     seqs=jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
-    done=jnp.zeros((batch_size,), bool),
+    done=limits <= 0,
     cache=cache,
   )
   cond = lambda state: (state.step < max_decode_len) & ~jnp.all(state.done)
@@ -273,13 +276,15 @@ def greedy_search(
   max_decode_len: int,
   eos_id: int = EOS_ID,
   first_tokens: jax.Array | None = None,
+  row_limits: jax.Array | None = None,
 ) -> jax.Array:
   """Picks the most likely next token at every step; returns tokens [batch, max_decode_len].
 
-  first_tokens: [batch] each row's first input (default BOS_ID).
+  first_tokens: [batch] each row's first input (default BOS_ID); row_limits: [batch] each row's most tokens.
   """
   choose = lambda log_probs, step: jnp.argmax(log_probs, axis=-1)
-  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose, first_tokens)
+  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose, first_tokens,
+                                row_limits)
 
 
 def filter_logits(logits: jax.Array, temperature=1.0, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
@@ -313,15 +318,17 @@ def sample(
   top_p: float = 1.0,
   eos_id: int = EOS_ID,
   first_tokens: jax.Array | None = None,
+  row_limits: jax.Array | None = None,
 ) -> jax.Array:
   """Samples each next token from softmax(filter_logits(logits)); returns tokens [batch, max_decode_len].
 
   temperature > 0 (it may be traced); top_k (0 = off) and top_p (1.0 = off) as in filter_logits;
-  first_tokens: [batch] each row's first input (default BOS_ID).
+  first_tokens: [batch] each row's first input (default BOS_ID); row_limits: [batch] each row's most tokens.
   """
 
   def choose(log_probs, step):
     filtered = filter_logits(log_probs, temperature, top_k, top_p)
     return jax.random.categorical(jax.random.fold_in(rng, step), filtered, axis=-1)
 
-  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose, first_tokens)
+  return _decode_token_by_token(logits_fn, cache, batch_size, max_decode_len, eos_id, choose, first_tokens,
+                                row_limits)

@@ -109,14 +109,18 @@ def generate(members: tuple[ensemble.Member, ...], inputs, rng, *, method: str =
   member_fns, caches = zip(*(make_fn(m.model, m.params, start, max_decode_len) for m, start in zip(members, starts)))
   logits_fn, cache = ensemble.logits_fn(member_fns), tuple(caches)
   batch, first = inputs.shape[0], starts[0].first_tokens  # the same for every member: it comes from the inputs
+  # A language model's row ends where its prompt and continuation fill the model's max length.
+  limits = (min(m.model.config.max_len for m in members) - starts[0].positions
+            if members[0].model.config.decoder_only else None)
   if method == 'beam':
     return decoding.beam_search(logits_fn, cache, batch, beam_size=beam_size, alpha=alpha,
                                 max_decode_len=max_decode_len, n_best=n_best, first_tokens=first)
   if method == 'greedy':
-    tokens = decoding.greedy_search(logits_fn, cache, batch, max_decode_len=max_decode_len, first_tokens=first)
+    tokens = decoding.greedy_search(logits_fn, cache, batch, max_decode_len=max_decode_len, first_tokens=first,
+                                    row_limits=limits)
   elif method == 'sample':
     tokens = decoding.sample(logits_fn, cache, batch, rng, max_decode_len=max_decode_len, temperature=temperature,
-                             top_k=top_k, top_p=top_p, first_tokens=first)
+                             top_k=top_k, top_p=top_p, first_tokens=first, row_limits=limits)
   else:
     raise ValueError(f'unknown decoding method {method!r}: use one of {METHODS}.')
   return tokens[:, None], jnp.zeros((batch, 1), jnp.float32)
@@ -195,16 +199,19 @@ def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: 
   (or to the end of its document), sampled (temperature 0: greedy), batched and jitted once per shape.
 
   A prompt too long for `max_new_tokens` more tokens within the model's max length is an error, or with `fit`
-  all prompts get as many new tokens as the longest leaves room for.
+  each prompt gets as many of them as that length leaves it room for (an error only for a prompt that fills it).
   """
   max_len = restored.max_len
   encoded = [restored.tokenizer.encode(prompt) for prompt in prompts]
-  if fit:
-    max_new_tokens = max(min(max_new_tokens, max_len - max(map(len, encoded), default=0)), 1)
   for number, ids in enumerate(encoded, 1):
-    if len(ids) + max_new_tokens > max_len:
+    if fit and len(ids) >= max_len:
+      raise ValueError(f'prompt {number} has {len(ids)} tokens, which leaves no room for more within the model\'s '
+                       f'max length {max_len}: shorten the prompt.')
+    if not fit and len(ids) + max_new_tokens > max_len:
       raise ValueError(f'prompt {number} has {len(ids)} tokens, which with max_new_tokens={max_new_tokens} is more '
                        f'than the model\'s max length {max_len}: shorten the prompt or generate fewer tokens.')
+  if fit:  # each row stops at its own room (`generate`)
+    max_new_tokens = min(max_new_tokens, max_len - min(map(len, encoded), default=0))
   rows = [ids for ids in encoded for _ in range(num_samples)]
   data_parallel = sharding.data_parallel_size(restored.mesh)
   examples = ({'inputs': np.asarray(ids, np.int32)} for ids in rows)
