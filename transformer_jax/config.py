@@ -109,7 +109,7 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
 
 # What a run's batch sequence depends on: resumed with other values, its checkpoints' place in that sequence would
 # mean other batches (`check_resume`). Data paths may move between machines; read threads keep the order.
-BATCH_SEQUENCE_KEYS = ('data', 'tokenizer', 'pipeline')
+_BATCH_SEQUENCE_KEYS = ('data', 'tokenizer', 'pipeline')
 _NOT_BATCH_SEQUENCE_KEYS = ('data.files', 'data.tfds_data_dir', 'pipeline.read_threads')
 
 
@@ -131,7 +131,7 @@ def check_resume(changes: Mapping[str, tuple[Any, Any]], workdir: str) -> None:
   """Refuses, in one line, to resume a run with other values of what its batch sequence depends on (`changes` as
   `changes_since` gives them)."""
   fixed = {key: values for key, values in changes.items()
-           if any(_under(key, section) for section in BATCH_SEQUENCE_KEYS)
+           if any(_under(key, section) for section in _BATCH_SEQUENCE_KEYS)
            and not any(_under(key, free) for free in _NOT_BATCH_SEQUENCE_KEYS)}
   if fixed:
     listed = ', '.join(f'{key}={old!r} (now {new!r})' for key, (old, new) in fixed.items())
