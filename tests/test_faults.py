@@ -305,12 +305,19 @@ def _tsv(path, pairs) -> str:
 
 def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  # The built-in corpus as files, the test split a named pipe that nobody writes: the final report blocks reading it,
-  # so the signal is sure to come during the report (which a fast report could otherwise finish before).
+  # The built-in corpus as files, the test split a named pipe written once: the trainer's check at start reads that,
+  # and the final report blocks reading it again, so the signal is sure to come during the report (which a fast
+  # report could otherwise finish before).
   builtin = helpers.tiny_config().data
   train = _tsv(tmp_path / 'train.tsv', sources.load_split(builtin, 'train'))
   validation = _tsv(tmp_path / 'validation.tsv', sources.load_split(builtin, 'validation'))
   os.mkfifo(tmp_path / 'test.tsv')
+
+  def write_once():
+    with open(tmp_path / 'test.tsv', 'w', encoding='utf-8') as fifo, open(validation, encoding='utf-8') as pairs:
+      fifo.write(pairs.read())
+
+  threading.Thread(target=write_once, daemon=True).start()
   run = _Run(workdir, train__num_steps=4, data__source='files', data__files__train__tsv=train,
              data__files__validation__tsv=validation, data__files__test__tsv=tmp_path / 'test.tsv')
   run.wait_for('step 4/')

@@ -114,8 +114,8 @@ _NOT_BATCH_SEQUENCE_KEYS = ('data.files', 'data.tfds_data_dir', 'pipeline.read_t
 
 
 def changes_since(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
-  """{dotted key: (saved value, value now)} for each leaf that both `saved` (a run's config.json) and `config` hold
-  and that differs, the values compared as JSON holds them."""
+  """{dotted key: (saved value, value now)} for each leaf that both `saved` (a run's config.json) and `config` hold,
+  that `config`'s run reads (`is_read`) and that differs, the values compared as JSON holds them."""
   def leaves(tree, prefix=''):
     for key, value in tree.items():
       if isinstance(value, Mapping):
@@ -124,7 +124,8 @@ def changes_since(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -
         yield f'{prefix}{key}', value
 
   before, now = dict(leaves(saved)), dict(leaves(json.loads(config.to_json_best_effort())))
-  return {key: (value, now[key]) for key, value in before.items() if key in now and now[key] != value}
+  return {key: (value, now[key]) for key, value in before.items()
+          if key in now and now[key] != value and is_read(config, key)}
 
 
 def check_resume(changes: Mapping[str, tuple[Any, Any]], workdir: str) -> None:
