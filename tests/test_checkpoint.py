@@ -126,41 +126,38 @@ def test_checkpoint_cadence_and_contents(uninterrupted):
     np.testing.assert_array_equal(got[key], expected[key])
 
 
-@translator_only
-def test_checkpoint_of_another_model_shape_is_refused(uninterrupted):
-  workdir = uninterrupted[0]
+def _refused_resume(workdir: str, config) -> str:
+  """The one-line error of resuming `workdir` with `config`, which leaves its checkpoints and config.json alone
+  (the workdir's config still describes its checkpoints)."""
   before = helpers.tree_digest(Workdir(workdir).checkpoints)
   with open(Workdir(workdir).config_file) as f:
     config_before = f.read()
-  wider = _config(model__d_model=32, model__d_ff=64, train__num_steps=NUM_STEPS + 2)
   with pytest.raises(ValueError) as error:
-    trainer.train_and_evaluate(wider, workdir)
-  message = str(error.value)
-  assert '\n' not in message
+    trainer.train_and_evaluate(config, workdir)
+  assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
+  with open(Workdir(workdir).config_file) as f:
+    assert f.read() == config_before
+  assert '\n' not in str(error.value)
+  return str(error.value)
+
+
+@translator_only
+def test_checkpoint_of_another_model_shape_is_refused(uninterrupted):
+  workdir = uninterrupted[0]
+  message = _refused_resume(workdir, _config(model__d_model=32, model__d_ff=64, train__num_steps=NUM_STEPS + 2))
   assert 'other shapes' in message and f'step {NUM_STEPS}' in message
   assert '(31 differences)' in message  # every d_model/d_ff-sized parameter of the 1+1 layer model
   assert "['decoder']['layer_0']['ffn']['wi']['kernel']: checkpoint (16, 32) vs config (32, 64)" in message
-  assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
-  with open(Workdir(workdir).config_file) as f:
-    assert f.read() == config_before  # the workdir's config still describes its checkpoints
 
 
 @translator_only
 def test_resuming_with_other_batches_is_refused_and_changes_nothing(uninterrupted):
   """A checkpoint holds its place in the run's batch sequence: other pipeline values would make other batches."""
   workdir = uninterrupted[0]
-  before = helpers.tree_digest(Workdir(workdir).checkpoints)
-  with open(Workdir(workdir).config_file) as f:
-    config_before = f.read()
   other = _config(pipeline__batch_size=16, pipeline__shuffle_seed=3, train__num_steps=NUM_STEPS + 2)
-  with pytest.raises(ValueError) as error:
-    trainer.train_and_evaluate(other, workdir)
-  assert str(error.value) == (
+  assert _refused_resume(workdir, other) == (
       f'{workdir} was trained with pipeline.batch_size=8 (now 16), pipeline.shuffle_seed=0 (now 3): its checkpoints '
       "continue the batches those values make; pass the run's values to resume it, or train in a new --workdir.")
-  assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
-  with open(Workdir(workdir).config_file) as f:
-    assert f.read() == config_before
 
 
 # --- subprocess runs of train.py: SIGTERM and kill -9
