@@ -318,6 +318,8 @@ def _run(entry_points, args, stdin=None):
       '--config.data.files.validation.tsv=CFG/pairs.tsv', '--config.data.files.test.tsv=CFG/nope.tsv'],
      'CFG/nope.tsv does not exist: fix data config key files.test.tsv'),  # before training, not after it
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
+    (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_sise=2'],
+     "a --config.* override names no key of the config: 'beam_sise'"),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.top_k=5'],
      "--config.decode.top_k is not read while model.architecture='encoder_decoder', only when it is 'decoder_only'"),

@@ -46,7 +46,10 @@ def define_config_file_flag(default: str, help_string: str):
 
 def define_config_overrides_flag(base, help_string: str):
   """--config.key=value overrides of `base`, a template of the config's keys; read them with `overrides()`."""
-  return config_flags.DEFINE_config_dict('config', base, help_string, lock_config=True)
+  try:  # ml_collections reads the command line's --config.* keys as it defines the flag
+    return config_flags.DEFINE_config_dict('config', base, help_string, lock_config=True)
+  except (KeyError, AttributeError) as e:
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
 
 
 def overrides() -> dict:
