@@ -19,4 +19,5 @@ def get_config(workdir=None):
   # The training length filter (model.max_len, also pipeline.max_length) stays default.py's: it is not a weight.
   config.model.update({key: value for key, value in saved.model.items() if key != 'max_len'})
   config.tokenizer.update(saved.tokenizer)
+  config.train.fine_tune_workdir = workdir  # train.py refuses another --workdir, which would start from scratch
   return config

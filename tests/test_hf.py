@@ -492,6 +492,17 @@ def test_the_imported_workdir_fine_tunes_resumes_exactly_and_evaluates(entry_poi
   with open(os.path.join(runs['straight'], 'results.json'), encoding='utf-8') as f:
     results = json.load(f)
   assert results['averaged_steps'] == [2, 4] and results['num_sentences'] == 16  # the final report's test split
+  config = config_lib.of_run(runs['resumed'])
+  config.eval.average_last = 3
+  assert restoring.final_model_steps(config, runs['resumed']) == [2, 4]  # not the imported params of step 0
+  # Another --workdir would train from scratch: refused before anything is written.
+  elsewhere = tmp_path / 'elsewhere'
+  result = entry_points.run([helpers.TRAIN_PY, f'--config={os.path.join(helpers.REPO, "configs", "fine_tune.py")}:'
+                             f'{workdir}', f'--workdir={elsewhere}', *FINE_TUNE], text=True)
+  assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+      f'error: configs/fine_tune.py:{workdir} starts from the params imported into {workdir} (its step 0) and trains '
+      f'there: pass --workdir={workdir}, or copy {workdir} to a new directory and pass that to both.')
+  assert not elsewhere.exists()
   imported_params = jax.device_get(_restore(workdir).params)
   tuned = jax.device_get(_restore(runs['straight']).params)
   assert not np.array_equal(tuned['shared_embedding']['embedding'], imported_params['shared_embedding']['embedding'])

@@ -84,11 +84,12 @@ def inference_mesh(config) -> jax.sharding.Mesh:
 
 def final_model_steps(config, workdir: str) -> list[int]:
   """The checkpoint steps of the run's final model, which train.py's final evaluation averages: the newest
-  `eval.average_last` of the run's `config`, as many as exist."""
+  `eval.average_last` of the run's `config`, as many as exist; a fine-tune's imported params (step 0) only
+  until it has trained."""
   manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
   saved = sorted(manager.all_steps())
   manager.close()
-  return saved[-config.eval.average_last:]
+  return ([step for step in saved if step > 0] or saved)[-config.eval.average_last:]
 
 
 def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,

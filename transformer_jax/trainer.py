@@ -92,6 +92,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   stop: the stop request whose signal handlers train.py installed before its imports (else one is made here).
   """
+  imported = config.train.fine_tune_workdir
+  if imported and os.path.realpath(imported) != os.path.realpath(workdir):
+    raise ValueError(f'configs/fine_tune.py:{imported} starts from the params imported into {imported} (its step 0) '
+                     f'and trains there: pass --workdir={imported}, or copy {imported} to a new directory and pass '
+                     'that to both.')
   run_dir = Workdir(workdir)
   run_dir.ensure_writable(jax.process_index())
   with contextlib.ExitStack() as cleanup:  # the workdir, report, checkpoints and signal handlers: released on exit

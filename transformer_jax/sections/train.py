@@ -42,6 +42,9 @@ def default_config() -> ml_collections.ConfigDict:
       'max_steps_ahead': 2,  # dispatched steps the host may run ahead of the device: how soon a stop is honoured
       # Compiled programs persist here across runs (train.py; None: jax_compilation_cache beside the workdir).
       'compilation_cache_dir': ml_collections.config_dict.placeholder(str),
+      # The converted workdir whose imported params (step 0) a fine-tune starts from (configs/fine_tune.py); the
+      # run trains in it.
+      'fine_tune_workdir': ml_collections.config_dict.placeholder(str),
   })
 
 
