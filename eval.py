@@ -53,12 +53,13 @@ def main(argv):
   from transformer_jax import restoring, scoring  # pylint: disable=import-outside-toplevel
   overrides = cli.overrides()
   workdir = runs[0][0]
-  split = _SPLIT.value or overrides.get('eval.test_split') or config_lib.of_run(workdir).eval.test_split
+  run_config = config_lib.of_run(workdir)
+  split = _SPLIT.value or overrides.get('eval.test_split') or run_config.eval.test_split
   restored = restoring.restore_ensemble([(config_lib.for_evaluation(member, overrides, split), member, step)
                                          for member, step in runs], average_last=_CHECKPOINTS.average_last)
   if _SAVE_AVERAGED.value:
     print(f'saved averaged params to {restoring.save_averaged(restored, workdir)}')
-  final_steps = restoring.final_model_steps(config_lib.of_run(workdir), workdir)
+  final_steps = restoring.final_model_steps(run_config, workdir)
   results = scoring.evaluate_split(restored, workdir, split, compare_to, final_steps)
   print(scoring.describe(results, restored.config.eval.num_samples))
 

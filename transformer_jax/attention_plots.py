@@ -123,10 +123,11 @@ def main(argv):
   if len(argv) > 1 or not _WORKDIR.value or _SENTENCE.value is None:
     raise app.UsageError('usage: python -m transformer_jax.attention_plots --workdir=DIR --sentence="..."')
   config = config_lib.of_run(_WORKDIR.value)
-  generation.check_translation_model(ModelConfig.from_dict(config.model), _WORKDIR.value)
+  model_config = ModelConfig.from_dict(config.model)
+  generation.check_translation_model(model_config, _WORKDIR.value)
   kinds = tuple(KINDS) if _KIND.value == 'all' else (_KIND.value,)
   layers = None if _LAYER.value is None else [_LAYER.value]
-  _check_request(ModelConfig.from_dict(config.model), _SENTENCE.value, _TARGET.value, _OUT.value, layers, _HEAD.value)
+  _check_request(model_config, _SENTENCE.value, _TARGET.value, _OUT.value, layers, _HEAD.value)
   restored = restoring.restore(config, _WORKDIR.value)
   for path in plot_sentence(restored, _SENTENCE.value, _OUT.value, target=_TARGET.value, kinds=kinds, layers=layers,
                             head=_HEAD.value):
