@@ -15,8 +15,8 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import config as config_lib
-from transformer_jax import distributed
-from transformer_jax import significance
+from transformer_jax.evaluation import significance
+from transformer_jax.runtime import distributed
 
 _CONFIG = cli.define_config_overrides_flag(config_lib.base_config(),
                                            'Overrides of the run\'s saved config: --config.KEY=VALUE.')
@@ -50,7 +50,8 @@ def main(argv):
     compare_to = significance.Comparison(_COMPARE_TO.value, _COMPARE_METHOD.value, _COMPARE_SAMPLES.value,
                                          _COMPARE_SEED.value)
   distributed.initialize_from_flags()
-  from transformer_jax import restoring, scoring  # pylint: disable=import-outside-toplevel
+  from transformer_jax.inference import restoring  # pylint: disable=import-outside-toplevel
+  from transformer_jax.jobs import scoring  # pylint: disable=import-outside-toplevel
   overrides = cli.overrides()
   workdir = runs[0][0]
   run_config = config_lib.of_run(workdir)

@@ -13,7 +13,7 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import sweep
-from transformer_jax.workdir import Workdir
+from transformer_jax.core.workdir import Workdir
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file defining get_sweep() (configs/sweeps/*.py).', required=True)
 _CONFIG = flags.DEFINE_string('config', None, 'Base config, path[:args]; default: the sweep file\'s CONFIG.')

@@ -1,6 +1,6 @@
 """Trains a Transformer: python train.py --config=configs/default.py --workdir=DIR [--config.key=value ...]."""
 
-from transformer_jax import preemption
+from transformer_jax.jobs import preemption
 
 # First, before the heavy imports: from here until the process exits, SIGTERM/SIGINT ask the run to save and stop.
 _STOP = preemption.StopRequest.for_this_process()
@@ -14,8 +14,9 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
 from transformer_jax import cli  # noqa: E402
-from transformer_jax import cpu_backend  # noqa: E402
-from transformer_jax import distributed  # noqa: E402
+from transformer_jax.runtime import backends  # noqa: E402
+from transformer_jax.runtime import distributed  # noqa: E402
+from transformer_jax.runtime import host_memory  # noqa: E402
 # pylint: enable=wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
@@ -24,7 +25,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and the
 _HOST_MEMORY = flags.DEFINE_enum(
     'host_memory', 'auto', ['auto', 'reuse', 'system'],
     "'reuse': glibc keeps freed memory for the next step (1.4x a base-model step on a CPU, see "
-    "cpu_backend.reuse_host_memory); 'system': glibc's defaults; 'auto': reuse when JAX will run on the CPU.")
+    "host_memory.reuse_host_memory); 'system': glibc's defaults; 'auto': reuse when JAX will run on the CPU.")
 _COMPILE_ONLY = flags.DEFINE_bool(
     'compile_only', False, 'Compile what the run would compile (its train step for every batch shape, its eval '
     'step) for --topology, without its chips and without reading data; report per-chip HBM, FLOPs, collectives '
@@ -42,7 +43,8 @@ flags.register_validator('topology', lambda topology: topology is None or _COMPI
 
 def compile_only(config) -> None:
   """--compile_only: every program of the run compiled for --topology, reported; one line if one does not fit."""
-  from transformer_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
+  from transformer_jax.compile import aot  # pylint: disable=import-outside-toplevel
+  from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   config_lib.validate(config, data_splits=(), overrides=cli.overrides())
   unfit = []
   for what, analysis in aot.compile_run(config, _TOPOLOGY.value):
@@ -61,10 +63,11 @@ def main(argv):
     return compile_only(_CONFIG.value)
   if distributed.requested():
     _STOP.hand_back()
-  reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and cpu_backend.will_run_on_cpu())
-  reuse = reuse and cpu_backend.reuse_host_memory()  # before JAX starts its threads
+  reuse = _HOST_MEMORY.value == 'reuse' or (_HOST_MEMORY.value == 'auto' and backends.will_run_on_cpu())
+  reuse = reuse and host_memory.reuse_host_memory()  # before JAX starts its threads
   distributed.initialize_from_flags()
-  from transformer_jax import config, scoring, trainer  # pylint: disable=import-outside-toplevel
+  from transformer_jax import config  # pylint: disable=import-outside-toplevel
+  from transformer_jax.jobs import scoring, trainer  # pylint: disable=import-outside-toplevel
   config.validate(_CONFIG.value, overrides=cli.overrides())
   logging.info('host memory: %s', 'freed memory kept for reuse' if reuse else "malloc's defaults")
   if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR, if set, wins

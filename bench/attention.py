@@ -1,6 +1,6 @@
 """Attention implementations compared: forward+backward time and peak memory per sequence length.
 
-For each length L the implementations of `transformer_jax.attention.attend` (by default 'reference',
+For each length L the implementations of `transformer_jax.model.attention.attend` (by default 'reference',
 'dot_product', 'chunked'; the flash kernels on their platform) get q, k, v of shape [batch, L, heads, d_k]
 (`--dtype`) with a causal + padding mask (the last L/8 positions are padding; with `--packed=N` the rest holds
 N packed segments), and we jit value_and_grad of sum(sin(attend(q, k, v))) w.r.t. q, k, v, with attention
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import common
-from transformer_jax import attention
-from transformer_jax import attention_masks
+from transformer_jax.kernels import attention_masks
+from transformer_jax.model import attention
 
 IMPLEMENTATIONS = ('reference', 'dot_product', 'chunked')
 

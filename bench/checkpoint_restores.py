@@ -25,7 +25,8 @@ def main():
 
   import jax  # pylint: disable=import-outside-toplevel
   from bench import common  # pylint: disable=import-outside-toplevel
-  from transformer_jax import checkpoint, config as config_lib, run_builder  # pylint: disable=import-outside-toplevel
+  from transformer_jax.training import checkpoint, run_builder  # pylint: disable=import-outside-toplevel
+  from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
 
   config = config_lib.load('configs/wmt14_ende_base.py' if args.config == 'base' else 'configs/default.py')
   if args.config == 'tiny':

@@ -27,7 +27,7 @@ def main():
   import jax  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
   from bench import common  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
-  from transformer_jax import checkpoint, run_builder  # pylint: disable=import-outside-toplevel
+  from transformer_jax.training import checkpoint, run_builder  # pylint: disable=import-outside-toplevel
 
   config = default.get_config()
   if args.config == 'tiny':

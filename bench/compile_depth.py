@@ -19,7 +19,7 @@ from absl import flags
 
 from bench import common
 from transformer_jax import config as config_lib
-from transformer_jax import run_builder
+from transformer_jax.training import run_builder
 
 _DEPTHS = flags.DEFINE_string('depths', '2,24', 'Comma-separated layer counts.')
 _ARCHITECTURE = flags.DEFINE_enum('architecture', 'decoder_only', ['decoder_only', 'encoder_decoder'],

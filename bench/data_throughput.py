@@ -27,11 +27,11 @@ import numpy as np
 from absl import flags
 
 from bench import common
+from transformer_jax.config import data as data_section
+from transformer_jax.config import pipeline as pipeline_section
+from transformer_jax.config import tokenizer as tokenizer_section
 from transformer_jax.data import pipeline as pl
 from transformer_jax.data import tokenizer as tk
-from transformer_jax.sections import data as data_section
-from transformer_jax.sections import pipeline as pipeline_section
-from transformer_jax.sections import tokenizer as tokenizer_section
 
 
 def synthetic_pairs(num_pairs: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -117,7 +117,8 @@ def default_config_training_ratio(seconds: float, rounds: int) -> list[dict]:
   """Pipeline tokens/s vs train-step tokens/s of configs/default.py, alternating the two in each round."""
   import jax  # pylint: disable=import-outside-toplevel
   from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-  from transformer_jax import run_builder, sharding  # pylint: disable=import-outside-toplevel
+  from transformer_jax.training import run_builder  # pylint: disable=import-outside-toplevel
+  from transformer_jax.runtime import sharding  # pylint: disable=import-outside-toplevel
   from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
   config = config_lib.load('configs/default.py')
   pairs = sources.load_split(config.data, 'train')

@@ -17,11 +17,11 @@ from absl import app
 from absl import flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import generation
-from transformer_jax import restoring
+from transformer_jax.core.tokens import EOS_ID, PAD_ID
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
-from transformer_jax.tokens import EOS_ID, PAD_ID
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir (e.g. the README main job).', required=True)
 _SENTENCES = flags.DEFINE_integer('sentences', 64, 'Test sentences translated per measurement (one batch).')

@@ -2,7 +2,7 @@
 communicate, and a roofline step time — compiled ahead of time with libtpu's or the CUDA plugin's compile-only
 devices, no TPU or GPU needed (the GPU rows: `JAX_PLATFORMS=cpu`, and cuDNN installed for cuDNN's attention).
 
-Each row is one `transformer_jax.aot.analyze_train_step`: the config's train step with bf16 compute (f32
+Each row is one `transformer_jax.compile.aot.analyze_train_step`: the config's train step with bf16 compute (f32
 parameters and Adam state), the paper's batch (token budget of 25000 tokens per side, batches of one length
 bucket) at its longest bucket (256 tokens × 96 rows: the most attention memory), on a data-parallel, an FSDP and
 an FSDP × tensor mesh sized for the slice.
@@ -18,9 +18,9 @@ import os
 import sys
 
 from bench import common  # noqa: F401  (makes the repository root importable)
-from transformer_jax import aot
 from transformer_jax import config as config_lib
-from transformer_jax import topologies
+from transformer_jax.compile import aot
+from transformer_jax.compile import topologies
 from transformer_jax.data import pipeline
 
 MODELS = {'base': 'configs/wmt14_ende_base.py', 'big': 'configs/wmt14_ende_big.py'}
@@ -95,7 +95,7 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       f'{os.cpu_count()} CPU cores shared with other work, pauses included, no TPU or GPU). '
       'Each row compiles the train step of `configs/wmt14_ende_{base,big}.py` with '
       f'`model.dtype={DTYPE}` (f32 parameters and Adam moments) for the slice with libtpu\'s compile-only devices, '
-      'or for the GPUs with the CUDA plugin\'s (`transformer_jax.aot`), at the paper\'s batch\'s longest length '
+      'or for the GPUs with the CUDA plugin\'s (`transformer_jax.compile.aot`), at the paper\'s batch\'s longest length '
       'bucket: '
       + ', '.join(sorted({f'{r["rows"]} rows × {r["length"]} tokens' for r in records}))
       + ' per side, the bucket with the most attention memory.',
@@ -113,7 +113,7 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       '*MFU ≤* the model FLOPs utilisation that step time would '
       'give (analytic model FLOPs as in training logs, `metrics.train_flops`). *GB accessed*: XLA\'s bytes per '
       'chip per step, wherever each buffer lives; *of it HBM*: those of arrays the compiled program lays out in '
-      'HBM (`transformer_jax.hlo_costs`; on a GPU all of them): the TPU compiler keeps the rest in on-chip memory '
+      'HBM (`transformer_jax.compile.hlo_costs`; on a GPU all of them): the TPU compiler keeps the rest in on-chip memory '
       '(CMEM on v4, VMEM), '
       'whose bandwidth the roofline does not model; *MFU ≤ by HBM traffic* is the bound from those bytes alone, '
       'a looser one. Per chip (`topologies.CHIPS`): '
@@ -122,7 +122,7 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       '',
       table(records),
       '',
-      *(['Advice for the rows that do not fit (`transformer_jax.aot.advice`):', '', *advice, ''] if advice else []),
+      *(['Advice for the rows that do not fit (`transformer_jax.compile.aot.advice`):', '', *advice, ''] if advice else []),
       f'Compile time per row: {compile_times[0]:.0f}–{compile_times[-1]:.0f} s.',
       *(['', 'Not compiled yet (`python -m bench.fits --cache=docs/fits.jsonl > docs/fits.md` adds them): '
          + ', '.join(f'{m} on {t}, {mesh}' for m, t, mesh in missing) + '.'] if missing else []),

@@ -2,7 +2,7 @@
 
 Compiles the config's train step at its longest batch shape for a TPU slice or a GPU host
 (`aot.longest_train_step`, the program `--compile_only` and bench/fits.py compile) and reads its optimized HLO
-with `transformer_jax.hlo_costs`: each op costed from its shapes (loop bodies × trip count, custom calls by their
+with `transformer_jax.compile.hlo_costs`: each op costed from its shapes (loop bodies × trip count, custom calls by their
 cost estimate) and attributed by its op_name. Prints one JSON line per part and a Markdown table, with XLA's own
 totals beside the breakdown's (a GPU program compiled without its GPU has none), and each part's time op by op
 (`step_parts.serial_seconds`: each op at its own roofline, asynchronous copies beside them). For a GPU, --registers
@@ -22,11 +22,11 @@ import time
 
 from bench import common
 from bench import kernel_registers
-from transformer_jax import aot
 from transformer_jax import config as config_lib
-from transformer_jax import hlo_costs
-from transformer_jax import step_parts
-from transformer_jax import topologies
+from transformer_jax.compile import aot
+from transformer_jax.compile import hlo_costs
+from transformer_jax.compile import step_parts
+from transformer_jax.compile import topologies
 
 
 def load_config(path: str, topology: str, mesh: str, overrides: list[str]):

@@ -18,9 +18,9 @@ import json
 import os
 
 from bench import common
-from transformer_jax import hlo_costs
-from transformer_jax import step_parts
-from transformer_jax import topologies
+from transformer_jax.compile import hlo_costs
+from transformer_jax.compile import step_parts
+from transformer_jax.compile import topologies
 
 UNKNOWN = 'not in the HLO (no op named)'
 

@@ -39,14 +39,14 @@ import resource
 import time
 
 from bench import common
-from transformer_jax import cpu_backend
+from transformer_jax.runtime import host_memory
 
 CONFIGS = ('default', 'base', 'big')
 
 
 def model_dims(name: str, args):
   """(ModelConfig, batch rows, source length, target length) of a named config."""
-  from transformer_jax.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from transformer_jax.config.model import ModelConfig  # pylint: disable=import-outside-toplevel
   if name == 'default':
     from configs import default  # pylint: disable=import-outside-toplevel
     config = default.get_config()
@@ -92,7 +92,7 @@ def random_batch(rows, source_len, target_len, vocab, seed=0):
 # ------------------------------------------------------------------------------------------------ ours (JAX)
 
 class Ours:
-  """Our train step; `cpu_kernels` ('on'/'off') overrides the config's choice of `cpu_backend`'s backward passes
+  """Our train step; `cpu_kernels` ('on'/'off') overrides the config's choice of `kernels/cpu/projections.py`'s backward passes
   ('off': the stock pieces that run on a GPU or TPU)."""
 
   NAMES = {None: 'ours', 'off': 'ours_stock', 'on': 'ours_cpu_kernels'}
@@ -103,7 +103,8 @@ class Ours:
     self.cfg = cfg  # the model it trains (its record's attention, remat, dtype and FLOPs)
     import jax  # pylint: disable=import-outside-toplevel
     from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-    from transformer_jax import run_builder, sharding, xla_options  # pylint: disable=import-outside-toplevel
+    from transformer_jax.training import run_builder  # pylint: disable=import-outside-toplevel
+    from transformer_jax.runtime import sharding, xla_options  # pylint: disable=import-outside-toplevel
 
     config = config_lib.base_config()  # the paper's schedule, Adam(0.9, 0.98, 1e-9) and smoothing 0.1
     config.model.update(dataclasses.asdict(cfg))
@@ -257,7 +258,7 @@ def measure(runners, rounds, steps, warmup, pipelined=False):
 
 
 def throughput_record(name, config_name, cfg, rows, source_len, target_len, step_times, cpu_times, extra=None):
-  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
+  from transformer_jax.training import metrics  # pylint: disable=import-outside-toplevel
   t = common.median(step_times)
   flops = metrics.train_flops(cfg, rows, source_len, target_len)
   record = {'config': config_name, 'impl': name, 'rows': rows, 'source_len': source_len, 'target_len': target_len,
@@ -291,7 +292,7 @@ def make_runners(impls, cfg, host_batch, args, device):
 def run(args):
   """Every config: the implementations side by side (alternating rounds), a JSON line each, then one table."""
   import jax  # pylint: disable=import-outside-toplevel
-  from transformer_jax import metrics  # pylint: disable=import-outside-toplevel
+  from transformer_jax.training import metrics  # pylint: disable=import-outside-toplevel
   impls = [x for x in args.impls.split(',') if x]
   if (args.variant_override or args.variant_xla_options) and 'ours_variant' not in impls:
     raise SystemExit('--variant_override / --variant_xla_options change ours_variant only: add it to --impls')
@@ -383,7 +384,7 @@ def main(argv=None):
                  help="compiler options ours_variant's step adds to ours', e.g. 'xla_gpu_dot_merger_threshold_mb=0'")
   p.add_argument('--malloc', choices=('system', 'reuse'), default='reuse',
                  help="'reuse' (what train.py --host_memory=auto does on a CPU): glibc keeps freed memory "
-                      "(cpu_backend.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults")
+                      "(host_memory.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults")
   p.add_argument('--gpu_paper_batch', action='store_true',
                  help="on the first GPU: the paper's batch, bf16 (ours: bf16 compute; torch: CUDA, bf16 autocast), MFU")
   p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
@@ -395,7 +396,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.xla_flags is not None:
     os.environ['XLA_FLAGS'] = args.xla_flags
-  if args.malloc == 'reuse' and not cpu_backend.reuse_host_memory():
+  if args.malloc == 'reuse' and not host_memory.reuse_host_memory():
     raise SystemExit('--malloc=reuse needs glibc (mallopt)')
   if args.gpu_paper_batch:  # torch shares the GPU: JAX takes memory as it needs it instead of 75% up front
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')

@@ -8,7 +8,7 @@ imported params at step 0.
 """
 
 from configs import default
-from transformer_jax.workdir import Workdir
+from transformer_jax.core.workdir import Workdir
 
 
 def get_config(workdir=None):

@@ -26,7 +26,7 @@ import math
 import ml_collections
 
 from transformer_jax import config as config_lib
-from transformer_jax.sections import mesh as mesh_section
+from transformer_jax.config import mesh as mesh_section
 
 RUNLOCAL = 'runlocal'
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.model.transformer import Transformer
 
 PAPER_VOCAB_SIZE = 37000  # shared BPE vocabulary of the EN-DE experiments (§5.1)
 

@@ -24,7 +24,7 @@ def trained_lm(tmp_path_factory):
   """A tiny decoder-only model trained for 30 steps on an 8-device FSDP mesh, checkpoints every 10 steps (shared
   by the language model's evaluation, generation and layout tests)."""
   import helpers  # pylint: disable=import-outside-toplevel
-  from transformer_jax import trainer  # pylint: disable=import-outside-toplevel
+  from transformer_jax.jobs import trainer  # pylint: disable=import-outside-toplevel
   config = helpers.tiny_config(**helpers.LM, train__num_steps=30, train__checkpoint_every=10,
                                train__keep_checkpoints=5, mesh__shape={'data': 1, 'fsdp': 8, 'tensor': 1})
   workdir = str(tmp_path_factory.mktemp('trained_lm'))

@@ -25,9 +25,10 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import run_builder, sharding, steps
-from transformer_jax.model import init_inputs, make_model
-from transformer_jax.workdir import Workdir
+from transformer_jax.core.workdir import Workdir
+from transformer_jax.model.transformer import init_inputs, make_model
+from transformer_jax.runtime import sharding
+from transformer_jax.training import run_builder, steps
 
 import xla_test_flags
 
@@ -331,8 +332,11 @@ SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, mo
 _FORK_SERVER = r'''
 import json, os, runpy, sys
 from absl import app  # noqa: F401  (the libraries the entry points import, loaded once for every fork)
-from transformer_jax import cli, config, restoring, scores, scoring, trainer  # noqa: F401
-from transformer_jax.sections import mesh as mesh_section
+from transformer_jax import cli, config  # noqa: F401
+from transformer_jax.config import mesh as mesh_section
+from transformer_jax.evaluation import scores  # noqa: F401
+from transformer_jax.inference import restoring  # noqa: F401
+from transformer_jax.jobs import scoring, trainer  # noqa: F401
 scores.moses_tokenize('Warm.', 'de')  # sacremoses compiles its regexes on first use: once here, not per run
 def requests():
   pending = b''

@@ -16,16 +16,16 @@ import pytest
 
 import helpers
 from bench import fits
-from transformer_jax import aot
-from transformer_jax import attention
-from transformer_jax import attention_masks
 from transformer_jax import cli
 from transformer_jax import config as config_lib
-from transformer_jax import hlo_costs
-from transformer_jax import step_parts
-from transformer_jax import sharding
-from transformer_jax import steps
-from transformer_jax import topologies
+from transformer_jax.compile import aot
+from transformer_jax.compile import hlo_costs
+from transformer_jax.compile import step_parts
+from transformer_jax.compile import topologies
+from transformer_jax.kernels import attention_masks
+from transformer_jax.model import attention
+from transformer_jax.runtime import sharding
+from transformer_jax.training import steps
 
 TOPOLOGY = 'v4-8'  # 4 chips
 

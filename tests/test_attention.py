@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import attention
-from transformer_jax import attention_masks
-from transformer_jax import dropout_masks
-from transformer_jax import model_config
-from transformer_jax import pallas_mode
-from transformer_jax import sharding
-from transformer_jax import topologies
+from transformer_jax.compile import topologies
+from transformer_jax.config import model as model_config
+from transformer_jax.kernels import attention_masks
+from transformer_jax.kernels import dropout_masks
+from transformer_jax.model import attention
+from transformer_jax.runtime import pallas_mode
+from transformer_jax.runtime import sharding
 
 
 def _random_case(seed, batch=2, q_len=13, k_len=13, heads=3, d_k=8, d_v=8, segments=False, causal=False):

@@ -15,18 +15,18 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import ensemble
-from transformer_jax import files
-from transformer_jax import generation
-from transformer_jax import restoring
 from transformer_jax import sweep
-from transformer_jax import text_input
-from transformer_jax import trainer
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core import files
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import pipeline
+from transformer_jax.data import text_input
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.workdir import Workdir
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import trainer
+from transformer_jax.model import ensemble
+from transformer_jax.model.transformer import Transformer
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')
 BAD_PYTHON = {  # file text -> what the one-line error says

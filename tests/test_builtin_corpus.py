@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
+from transformer_jax.config import data as data_section
 from transformer_jax.data import builtin as bc
 from transformer_jax.data import sources
 from transformer_jax.data.builtin import ACC, DAT, NOM
-from transformer_jax.sections import data as data_section
 
 NOUN, ADJ, VERB = bc.NOUN, bc.ADJECTIVE, bc.VERB
 

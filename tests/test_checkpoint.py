@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import checkpoint, sharding, steps, trainer
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.workdir import Workdir
+from transformer_jax.jobs import trainer
+from transformer_jax.runtime import sharding
+from transformer_jax.training import checkpoint, steps
 
 pytestmark = pytest.mark.slow  # every test runs the training loop
 

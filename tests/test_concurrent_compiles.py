@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from transformer_jax import concurrent_compiles
-from transformer_jax import host_resources
+from transformer_jax.runtime import concurrent_compiles
+from transformer_jax.runtime import host_resources
 
 GiB = 1 << 30
 

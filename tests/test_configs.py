@@ -14,7 +14,7 @@ import pytest
 import helpers
 from configs import presets
 from transformer_jax import config as config_lib
-from transformer_jax import files
+from transformer_jax.core import files
 from configs.table3 import VARIANTS
 
 CONFIG_DIR = os.path.join(helpers.REPO, 'configs')

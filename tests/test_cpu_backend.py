@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import checkpoint, cpu_backend, metrics, topologies
-from transformer_jax import model as model_lib
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.compile import topologies
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.kernels.cpu import projections as cpu_projections
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import backends
+from transformer_jax.training import checkpoint, metrics
 
 
 def _grads(fn, *args):
@@ -32,7 +35,7 @@ def _assert_close(ours, stock):
 @pytest.mark.parametrize('attention', ['reference', 'chunked'])
 def test_a_bf16_train_step_runs_on_a_cpu_and_follows_float32(attention):
   """XLA:CPU cannot run a product of bf16 operands with a float32 result, which attention's scores and the loss's
-  gradient products ask for: `cpu_backend.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it
+  gradient products ask for: `cpu_projections.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it
   failed at run time) and its loss and gradient norm are float32's within five of bf16's roundings (2^-8 each)."""
   step_metrics = lambda dtype: helpers.small_step_loss_and_grad_norm(attention=attention, attention_chunk_size=8,
                                                                      attention_dropout=0.1, dtype=dtype)
@@ -50,7 +53,7 @@ def test_dense_general_backward_equals_autodiff(axis, kernel_shape):
     layer = nn.DenseGeneral(features, axis=axis, use_bias=False, dot_general=dot_general)
     return jnp.sum(jnp.sin(layer.apply({'params': {'kernel': w}}, a)))
 
-  ours = _grads(functools.partial(objective, cpu_backend.dot_general), x, kernel)
+  ours = _grads(functools.partial(objective, cpu_projections.dot_general), x, kernel)
   stock = _grads(functools.partial(objective, None), x, kernel)
   _assert_close(ours, stock)
   assert float(jnp.max(jnp.abs(stock[1][1]))) > 0.1  # a real gradient, not zeros on both sides
@@ -93,13 +96,13 @@ def test_the_model_dropout_is_nn_dropout_off_the_cpu_seam(setting):
 
 def test_auto_follows_the_devices_the_step_is_traced_for_not_the_host():
   assert jax.default_backend() == 'cpu'  # the tests run on CPU devices
-  assert cpu_backend.enabled('auto') and cpu_backend.enabled('on') and not cpu_backend.enabled('off')
+  assert cpu_projections.enabled('auto') and cpu_projections.enabled('on') and not cpu_projections.enabled('off')
   with jax.set_mesh(helpers.data_mesh(jax.devices())):
-    assert cpu_backend.enabled('auto')
+    assert cpu_projections.enabled('auto')
   with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
-    assert not cpu_backend.enabled('auto') and cpu_backend.enabled('on')
+    assert not cpu_projections.enabled('auto') and cpu_projections.enabled('on')
     seen = []
-    jax.jit(lambda x: seen.append(cpu_backend.enabled('auto')) or x).trace(jax.ShapeDtypeStruct((2,), jnp.float32))
+    jax.jit(lambda x: seen.append(cpu_projections.enabled('auto')) or x).trace(jax.ShapeDtypeStruct((2,), jnp.float32))
     assert seen == [False]
   with pytest.raises(ValueError, match=r"model.cpu_kernels='fast' is not one of \('auto', 'on', 'off'\)"):
     ModelConfig(cpu_kernels='fast')
@@ -107,8 +110,8 @@ def test_auto_follows_the_devices_the_step_is_traced_for_not_the_host():
 
 _PROBE = """
 import ctypes, json, sys
-from transformer_jax import cpu_backend
-applied = sys.argv[1] == 'reuse' and cpu_backend.reuse_host_memory()
+from transformer_jax.runtime import host_memory
+applied = sys.argv[1] == 'reuse' and host_memory.reuse_host_memory()
 
 class MallInfo2(ctypes.Structure):
   _fields_ = [(name, ctypes.c_size_t) for name in
@@ -145,19 +148,19 @@ def test_reused_host_memory_serves_large_blocks_from_the_heap_and_keeps_it(mode)
 
 def test_host_memory_auto_follows_jax_platforms_then_the_devices(monkeypatch):
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
-  assert cpu_backend.will_run_on_cpu()
+  assert backends.will_run_on_cpu()
   monkeypatch.setenv('JAX_PLATFORMS', 'cuda,cpu')
-  assert not cpu_backend.will_run_on_cpu()
-  monkeypatch.setattr(cpu_backend.glob, 'glob', lambda pattern: ['/dev/nvidia0'] if 'nvidia' in pattern else [])
-  assert not cpu_backend.will_run_on_cpu(platforms='')  # JAX_PLATFORMS unset on a GPU machine
-  monkeypatch.setattr(cpu_backend.glob, 'glob', lambda pattern: [])
-  assert cpu_backend.will_run_on_cpu(platforms='')  # no accelerator, whatever plugins are installed
+  assert not backends.will_run_on_cpu()
+  monkeypatch.setattr(backends.glob, 'glob', lambda pattern: ['/dev/nvidia0'] if 'nvidia' in pattern else [])
+  assert not backends.will_run_on_cpu(platforms='')  # JAX_PLATFORMS unset on a GPU machine
+  monkeypatch.setattr(backends.glob, 'glob', lambda pattern: [])
+  assert backends.will_run_on_cpu(platforms='')  # no accelerator, whatever plugins are installed
 
 
 @pytest.mark.parametrize('replica_parallel', [True, False])
 def test_saves_with_or_without_replica_parallel_writes_restore_the_same_values(tmp_path, replica_parallel):
   """orbax's array handler (a replicated array's save split over its replicas) and the CPU's (one copy per array,
-  `cpu_backend.replica_parallel_saves()`) both save params, replicated over 8 devices or sharded, that restore."""
+  `checkpoint.replica_parallel_saves()`) both save params, replicated over 8 devices or sharded, that restore."""
   mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
   shardings = {'replicated': jax.NamedSharding(mesh, jax.P()), 'sharded': jax.NamedSharding(mesh, jax.P('data'))}
   values = {'replicated': np.arange(48, dtype=np.float32).reshape(8, 6) / 7,

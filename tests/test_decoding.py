@@ -10,14 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.decoding import (
+from transformer_jax.inference.decoding import (
   beam_search,
   expand_to_beams,
   greedy_search,
   length_penalty,
   sample,
 )
-from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.core.tokens import BOS_ID, EOS_ID, PAD_ID
 
 BANNED = (PAD_ID, BOS_ID)  # toys that never emit these make "PAD only after EOS" checkable
 

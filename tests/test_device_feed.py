@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import sharding
 from transformer_jax.data import device_feed
+from transformer_jax.runtime import sharding
 
 ROWS = 8  # one row per CPU device of the tests' mesh
 

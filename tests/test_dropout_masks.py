@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import dropout_masks
-from transformer_jax import hlo_costs
-from transformer_jax import topologies
+from transformer_jax.compile import hlo_costs
+from transformer_jax.compile import topologies
+from transformer_jax.kernels import dropout_masks
 
 MASKS = {'cpu': dropout_masks.sixteen_bit_keep, 'gpu': dropout_masks.hashed_keep}
 

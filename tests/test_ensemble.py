@@ -14,18 +14,18 @@ from sentencepiece import sentencepiece_model_pb2
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import decoding
-from transformer_jax import ensemble
-from transformer_jax import generation
-from transformer_jax import restoring
-from transformer_jax import scoring
-from transformer_jax import significance
-from transformer_jax import steps
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core.tokens import EOS_ID, PAD_ID
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import sources
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import EOS_ID, PAD_ID
-from transformer_jax.workdir import Workdir
+from transformer_jax.evaluation import significance
+from transformer_jax.inference import decoding
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import scoring
+from transformer_jax.model import ensemble
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training import steps
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')  # checkpoints 2 and 4
 SMALL = ModelConfig(vocab_size=helpers.VOCAB, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,

@@ -11,16 +11,16 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_jax import attention_plots
-from transformer_jax import checkpoint
-from transformer_jax import generation
-from transformer_jax import restoring
-from transformer_jax import scores
-from transformer_jax import scoring
-from transformer_jax import sharding
-from transformer_jax import steps
-from transformer_jax import trainer
-from transformer_jax.tokens import EOS_ID, PAD_ID
-from transformer_jax.workdir import Workdir
+from transformer_jax.core.tokens import EOS_ID, PAD_ID
+from transformer_jax.core.workdir import Workdir
+from transformer_jax.evaluation import scores
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import scoring
+from transformer_jax.jobs import trainer
+from transformer_jax.runtime import sharding
+from transformer_jax.training import checkpoint
+from transformer_jax.training import steps
 import helpers
 
 

@@ -12,19 +12,19 @@ import pytest
 import sentencepiece as spm
 
 from transformer_jax import config as config_lib
-from transformer_jax import export
-from transformer_jax import generation
-from transformer_jax import restoring
-from transformer_jax import scores
-from transformer_jax import sharding
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core.tokens import EOS_ID
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
-from transformer_jax.export import marian
-from transformer_jax.export import serving
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import EOS_ID
-from transformer_jax.workdir import Workdir
+from transformer_jax.evaluation import scores
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.interop import ctranslate2 as export
+from transformer_jax.interop import marian
+from transformer_jax.interop import serving
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import sharding
 import helpers
 
 # Every test here trains a model first (or shares one): end-to-end, so slow.

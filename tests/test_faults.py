@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import checkpoint
 from transformer_jax import config as config_lib
-from transformer_jax import restoring
-from transformer_jax import trainer
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import sources
-from transformer_jax.workdir import Workdir
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import trainer
+from transformer_jax.training import checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import attention
-from transformer_jax import attention_masks
-from transformer_jax import pallas_mode
-from transformer_jax import sharding
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.sections import mesh as mesh_section
+from transformer_jax.config import mesh as mesh_section
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.kernels import attention_masks
+from transformer_jax.model import attention
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import pallas_mode
+from transformer_jax.runtime import sharding
 
 # Lengths not a multiple of any kernel block, so the wrappers' padding is exercised.
 CASES = {

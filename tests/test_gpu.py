@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import attention
-from transformer_jax import attention_masks
-from transformer_jax import dropout_masks
-from transformer_jax import loss
-from transformer_jax import residual_norm
-from transformer_jax import sharding
-from transformer_jax import steps
+from transformer_jax.kernels import attention_masks
+from transformer_jax.kernels import dropout_masks
+from transformer_jax.kernels.gpu import residual_norm
+from transformer_jax.model import attention
+from transformer_jax.model import loss
+from transformer_jax.runtime import sharding
+from transformer_jax.training import steps
 
 
 def _why_not_here() -> str | None:

@@ -17,19 +17,19 @@ import torch
 import transformers
 
 from transformer_jax import config as config_lib
-from transformer_jax import convert
-from transformer_jax import export
-from transformer_jax import generation
-from transformer_jax import restoring
-from transformer_jax import sharding
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core.tokens import EOS_ID
 from transformer_jax.data import sources
-from transformer_jax.export import card
-from transformer_jax.export import hf
-from transformer_jax.export import marian
-from transformer_jax.export import serving
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import EOS_ID
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.interop import card
+from transformer_jax.interop import ctranslate2 as export
+from transformer_jax.interop import hf
+from transformer_jax.interop import marian
+from transformer_jax.interop import marian_import as convert
+from transformer_jax.interop import serving
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import sharding
 import helpers
 
 # Two float32 engines sum in different orders; a mapping mistake (a transposed kernel, a permuted row, a missing

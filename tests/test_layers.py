@@ -1,42 +1,37 @@
-"""The house's layers (README, "Layout"): every module has a floor, and imports point down or across, never up."""
+"""The house's layers (docs/architecture.md, "Layers"): every module is on a layer, and imports point down or stay on
+their own layer, never up. The table is read from the document, so the picture and the code cannot drift apart."""
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
 import helpers
 
 REPO = pathlib.Path(helpers.REPO)
+ARCHITECTURE = REPO / 'docs' / 'architecture.md'
+MAINS = ('train', 'eval', 'sweep')
 
-# Floor of every module, top (1) to bottom (6), as the README's layout picture draws them.
-LAYERS = {
-    1: ('train', 'eval', 'sweep', 'transformer_jax.cli', 'transformer_jax.translate', 'transformer_jax.generate',
-        'transformer_jax.attention_plots', 'transformer_jax.prepare_tfds', 'transformer_jax.export.__main__',
-        'transformer_jax.convert.__main__'),
-    2: ('transformer_jax.trainer', 'transformer_jax.reporting', 'transformer_jax.scoring', 'transformer_jax.scores',
-        'transformer_jax.significance', 'transformer_jax.sweep', 'transformer_jax.aot', 'transformer_jax.export',
-        'transformer_jax.export.serving', 'transformer_jax.export.hf', 'transformer_jax.export.marian',
-        'transformer_jax.export.card', 'transformer_jax.hlo_costs', 'transformer_jax.step_parts',
-        'transformer_jax.convert'),
-    3: ('transformer_jax.restoring', 'transformer_jax.generation'),
-    4: ('transformer_jax.run_builder', 'transformer_jax.steps', 'transformer_jax.optim', 'transformer_jax.checkpoint',
-        'transformer_jax.preemption', 'transformer_jax.ensemble', 'transformer_jax.decoding', 'transformer_jax.layer_layout'),
-    5: ('transformer_jax.model', 'transformer_jax.attention', 'transformer_jax.flash_tpu', 'transformer_jax.flash_gpu',
-        'transformer_jax.flash_attention', 'transformer_jax.attention_masks', 'transformer_jax.cpu_backend', 'transformer_jax.dropout_masks',
-        'transformer_jax.residual_norm',
-        'transformer_jax.metrics',
-        'transformer_jax.loss', 'transformer_jax.loss_kernel',
-        'transformer_jax.data.sources', 'transformer_jax.data.builtin', 'transformer_jax.data.tokenizer',
-        'transformer_jax.data.pipeline', 'transformer_jax.data.device_feed', 'transformer_jax.text_input',
-        'transformer_jax.topologies'),
-    6: ('transformer_jax', 'transformer_jax.data', 'transformer_jax.config', 'transformer_jax.model_config',
-        'transformer_jax.sections', 'transformer_jax.tokens', 'transformer_jax.workdir', 'transformer_jax.sharding',
-        'transformer_jax.distributed', 'transformer_jax.files', 'transformer_jax.errors',
-        'transformer_jax.xla_options', 'transformer_jax.pallas_mode', 'transformer_jax.host_resources',
-        'transformer_jax.concurrent_compiles'),
-}
-FLOOR = {module: floor for floor, modules in LAYERS.items() for module in modules}
+
+def _layers() -> list[tuple[str, tuple[str, ...]]]:
+  """(layer, the module-name prefixes it holds), top to bottom, from the document's table. The tools' row names
+  the package's own modules; every other row its folder (or, for the mains, its files)."""
+  layers = []
+  for line in ARCHITECTURE.read_text().split('## Layers', 1)[1].split('\n'):
+    cells = [cell.strip() for cell in line.strip().strip('|').split('|')]
+    if len(cells) != 3 or cells[0] in ('layer', '') or set(cells[0]) <= {'-'}:
+      continue
+    names = re.findall(r'`([^`]+)`', cells[1])
+    if cells[0] == 'tools':
+      prefixes = tuple(f'transformer_jax.{name}' for name in names[1:])
+    else:
+      prefixes = tuple(name.removesuffix('.py').removesuffix('/').replace('/', '.') for name in names)
+    layers.append((cells[0], prefixes))
+  return layers
+
+
+LAYERS = _layers()
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -44,14 +39,12 @@ def _module_name(path: pathlib.Path) -> str:
   return name.removesuffix('.__init__')
 
 
-SHARED_FLOORS = ('transformer_jax.data.builtin', 'transformer_jax.sections')  # packages whose modules share its floor
-
-
-def _floor(module: str) -> int:
-  """A module's floor (a module of a SHARED_FLOORS package: its package's); a module not placed is an error."""
-  package = next((p for p in SHARED_FLOORS if module.startswith(p + '.')), module)
-  assert package in FLOOR, f'{module} has no floor: place it in LAYERS (and in the README\'s picture)'
-  return FLOOR[package]
+def _layer(module: str) -> int:
+  """The index (0: the top) of the layer whose longest prefix holds `module`; a module on none is an error."""
+  matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + '.')]
+  assert matches, f'{module} is on no layer: place it in docs/architecture.md\'s table'
+  return max(matches)[1]
 
 
 def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
@@ -68,21 +61,29 @@ def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
 
 
 def _project_files() -> list[pathlib.Path]:
-  return sorted((REPO / 'transformer_jax').rglob('*.py')) + [REPO / f'{main}.py' for main in ('train', 'eval', 'sweep')]
+  return sorted((REPO / 'transformer_jax').rglob('*.py')) + [REPO / f'{main}.py' for main in MAINS]
 
 
-def test_every_module_has_a_floor_and_imports_only_its_own_or_lower_floors():
+def test_the_table_names_every_layer_once_and_every_folder_of_the_package():
+  names = [name for name, _ in LAYERS]
+  assert names[0] == 'mains' and names[-1] == 'core' and len(set(names)) == len(names), names
+  folders = {f'transformer_jax.{p.name}' for p in (REPO / 'transformer_jax').iterdir()
+             if p.is_dir() and (p / '__init__.py').exists()}
+  top_modules = {f'transformer_jax.{p.stem}' for p in (REPO / 'transformer_jax').glob('*.py') if p.stem != '__init__'}
+  placed = {prefix for _, prefixes in LAYERS for prefix in prefixes}
+  assert folders | top_modules | set(MAINS) == placed, (folders | top_modules | set(MAINS)) ^ placed
+
+
+def test_every_module_imports_only_its_own_or_lower_layers():
   files = _project_files()
   modules = {_module_name(path) for path in files}
   upward = []
   for path in files:
     module = _module_name(path)
     for imported in _imports(path, modules) - {module}:
-      if _floor(imported) < _floor(module):
-        upward.append(f'{module} (floor {_floor(module)}) imports {imported} (floor {_floor(imported)})')
+      if _layer(imported) < _layer(module):
+        upward.append(f'{module} ({LAYERS[_layer(module)][0]}) imports {imported} ({LAYERS[_layer(imported)][0]})')
   assert not upward, upward
-  named = {module for modules_ in LAYERS.values() for module in modules_}
-  assert named <= modules | {'transformer_jax.data.builtin'}, named - modules  # no stale names in the table
 
 
 def test_reading_and_checking_a_config_loads_no_backend_loop_or_inference():
@@ -93,8 +94,8 @@ def test_reading_and_checking_a_config_loads_no_backend_loop_or_inference():
   loaded = set(subprocess.run([sys.executable, '-c', probe], cwd=helpers.REPO, capture_output=True, text=True,
                               check=True).stdout.split())
   assert 'transformer_jax.config' in loaded  # the probe ran
-  heavy = {'jax', 'flax', 'optax', 'orbax', 'grain', 'sentencepiece', 'transformer_jax.trainer',
-           'transformer_jax.restoring', 'transformer_jax.generation', 'transformer_jax.cpu_backend'}
+  heavy = {'jax', 'flax', 'optax', 'orbax', 'grain', 'sentencepiece', 'transformer_jax.jobs.trainer',
+           'transformer_jax.inference.restoring', 'transformer_jax.inference.generation', 'transformer_jax.kernels'}
   assert not heavy & loaded, heavy & loaded
 
 
@@ -102,7 +103,7 @@ def test_the_trainer_loads_without_torch_and_leaves_it_importable():
   # torch is installed here (the Hugging Face tests'); tensorboardX would import it at every start of train.py.
   code = ('import importlib.util, sys\n'
           'assert importlib.util.find_spec("torch") is not None\n'
-          'from transformer_jax import trainer\n'
+          'from transformer_jax.jobs import trainer\n'
           'assert "torch" not in sys.modules\n'
           'import torch\n'
           'from tensorboardX import SummaryWriter\n'

@@ -12,11 +12,11 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import restoring
-from transformer_jax import scoring
-from transformer_jax import trainer
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import sources
-from transformer_jax.workdir import Workdir
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import scoring
+from transformer_jax.jobs import trainer
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')
 

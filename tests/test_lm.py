@@ -13,20 +13,20 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import ensemble
-from transformer_jax import generation
-from transformer_jax import metrics
-from transformer_jax import restoring
-from transformer_jax import scoring
+from transformer_jax.config import data as data_section
+from transformer_jax.config import pipeline as pipeline_section
+from transformer_jax.config import tokenizer as tokenizer_section
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core.tokens import EOS_ID
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.sections import data as data_section
-from transformer_jax.sections import pipeline as pipeline_section
-from transformer_jax.sections import tokenizer as tokenizer_section
-from transformer_jax.tokens import EOS_ID
-from transformer_jax.workdir import Workdir
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import scoring
+from transformer_jax.model import ensemble
+from transformer_jax.training import metrics
 
 TINY = ModelConfig(architecture='decoder_only', vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=0,
                    num_decoder_layers=2, dropout=0.0, max_len=64)

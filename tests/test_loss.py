@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import loss
-from transformer_jax import pallas_mode
-from transformer_jax import sharding
-from transformer_jax import topologies
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.compile import topologies
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.model import loss
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import pallas_mode
+from transformer_jax.runtime import sharding
 
 RTOL = 1e-5
 

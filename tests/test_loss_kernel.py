@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import loss_kernel
-from transformer_jax import pallas_mode
-from transformer_jax.sections import mesh as mesh_section
+from transformer_jax.config import mesh as mesh_section
+from transformer_jax.kernels.gpu import softmax_gradient as loss_kernel
+from transformer_jax.runtime import pallas_mode
 
 GOLD, SMOOTHING = 0.9, 0.1
 

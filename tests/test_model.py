@@ -10,12 +10,12 @@ import pytest
 
 import helpers
 from configs import table3
-from transformer_jax import attention_masks
-from transformer_jax import pallas_mode
-from transformer_jax import sharding
-from transformer_jax.model import MultiHeadAttention, Transformer, relu_dropout, shift_right, sinusoidal_encoding
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.tokens import BOS_ID
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core.tokens import BOS_ID
+from transformer_jax.kernels import attention_masks
+from transformer_jax.model.transformer import MultiHeadAttention, Transformer, relu_dropout, shift_right, sinusoidal_encoding
+from transformer_jax.runtime import pallas_mode
+from transformer_jax.runtime import sharding
 
 TINY = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                    dropout=0.0, max_len=64)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import checkpoint, trainer
-from transformer_jax.workdir import Workdir
+from transformer_jax.core.workdir import Workdir
+from transformer_jax.jobs import trainer
+from transformer_jax.training import checkpoint
 
 NUM_STEPS = 4
 # One bucket (8 rows of 32 tokens): a single batch shape, so one compilation per run.

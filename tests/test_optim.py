@@ -10,7 +10,8 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import optim, sharding, steps
+from transformer_jax.runtime import sharding
+from transformer_jax.training import optim, steps
 
 
 def _train_cfg(**changes) -> ml_collections.ConfigDict:

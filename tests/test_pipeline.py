@@ -13,11 +13,11 @@ import pytest
 from etils import epath
 
 import helpers
+from transformer_jax.config import pipeline as pipeline_section
+from transformer_jax.config import tokenizer as tokenizer_section
+from transformer_jax.core.tokens import EOS_ID, PAD_ID
 from transformer_jax.data import pipeline as pl
 from transformer_jax.data import tokenizer as tk
-from transformer_jax.sections import pipeline as pipeline_section
-from transformer_jax.sections import tokenizer as tokenizer_section
-from transformer_jax.tokens import EOS_ID, PAD_ID
 
 WORDS = 'the a cat dog house tree red blue small big runs sees and of in on with green'.split()
 NUM_PAIRS = 400

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax import dropout_masks
-from transformer_jax import pallas_mode
-from transformer_jax import residual_norm
-from transformer_jax import sharding
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.sections import mesh as mesh_section
+from transformer_jax.config import mesh as mesh_section
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.kernels import dropout_masks
+from transformer_jax.kernels.gpu import residual_norm
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import pallas_mode
+from transformer_jax.runtime import sharding
 
 
 @pytest.mark.parametrize('dtype,out_dtype,keep,shape,on_mesh', [

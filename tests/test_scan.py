@@ -12,12 +12,12 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import layer_layout
-from transformer_jax import metrics
-from transformer_jax import restoring
-from transformer_jax import sharding
-from transformer_jax.model import make_model
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.inference import restoring
+from transformer_jax.model import layer_layout
+from transformer_jax.model.transformer import make_model
+from transformer_jax.runtime import sharding
+from transformer_jax.training import metrics
 
 TRANSLATOR = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
                          dropout=0.0, max_len=64)

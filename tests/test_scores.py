@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from transformer_jax.scores import (
+from transformer_jax.evaluation.scores import (
     chrf_corpus,
     corpus_scores,
     moses_tokenize,

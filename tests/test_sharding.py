@@ -11,7 +11,8 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import sharding, steps
+from transformer_jax.runtime import sharding
+from transformer_jax.training import steps
 
 NUM_STEPS = 3
 ROWS, LENGTH = helpers.STEP_ROWS, helpers.STEP_LENGTH

@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from transformer_jax import config as config_lib
-from transformer_jax import restoring
-from transformer_jax import scores
-from transformer_jax import scoring
-from transformer_jax import significance
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import sources
-from transformer_jax.significance import compare_systems, read_hypotheses
-from transformer_jax.workdir import Workdir
+from transformer_jax.evaluation import scores
+from transformer_jax.evaluation import significance
+from transformer_jax.evaluation.significance import compare_systems, read_hypotheses
+from transformer_jax.inference import restoring
+from transformer_jax.jobs import scoring
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'legacy_run')
 

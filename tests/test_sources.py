@@ -13,8 +13,8 @@ import pytest
 
 from transformer_jax import config as config_lib
 from transformer_jax import prepare_tfds
+from transformer_jax.config import data as data_section
 from transformer_jax.data import builtin, sources
-from transformer_jax.sections import data as data_section
 
 tfds = sources.import_tfds()
 

@@ -16,12 +16,12 @@ import helpers
 from bench import kernel_registers
 from bench import step_costs
 from bench import step_profile
-from transformer_jax import hlo_costs
-from transformer_jax import pallas_mode
-from transformer_jax import sharding
-from transformer_jax import step_parts
-from transformer_jax import topologies
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.compile import hlo_costs
+from transformer_jax.compile import step_parts
+from transformer_jax.compile import topologies
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.runtime import pallas_mode
+from transformer_jax.runtime import sharding
 
 _MODULE = """HloModule m, is_scheduled=true
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from transformer_jax.config import tokenizer as tokenizer_section
+from transformer_jax.core.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import tokenizer as tk
-from transformer_jax.sections import tokenizer as tokenizer_section
-from transformer_jax.tokens import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
-from transformer_jax.workdir import Workdir
 
 WORDS = ('the a cat dog house tree red blue small big runs sees and of in on with green over under'
          ' die der das Katze Hund Haus Baum rot blau klein groß läuft sieht und über unter').split()

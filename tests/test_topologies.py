@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from transformer_jax import cli
-from transformer_jax import topologies
+from transformer_jax.compile import topologies
 
 
 def test_topology_names():

@@ -24,12 +24,14 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import helpers
-from transformer_jax import checkpoint, metrics, preemption, reporting, sharding, steps, trainer
-from transformer_jax import loss as loss_lib
+from transformer_jax.config import pipeline as pipeline_section
+from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.sections import pipeline as pipeline_section
-from transformer_jax.workdir import Workdir
+from transformer_jax.jobs import preemption, reporting, trainer
+from transformer_jax.model import loss as loss_lib
+from transformer_jax.runtime import sharding
+from transformer_jax.training import checkpoint, metrics, steps
 
 # --- loss, accuracy, perplexity
 

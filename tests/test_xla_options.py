@@ -4,9 +4,9 @@ user sets in XLA_FLAGS wins over the project's."""
 import os
 
 import helpers
-from transformer_jax import sharding
-from transformer_jax import steps
-from transformer_jax import xla_options
+from transformer_jax.runtime import sharding
+from transformer_jax.runtime import xla_options
+from transformer_jax.training import steps
 
 
 def test_the_train_step_is_compiled_with_its_platforms_options(monkeypatch, tmp_path):

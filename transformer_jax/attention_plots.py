@@ -20,11 +20,11 @@ from absl import flags  # noqa: E402
 
 from transformer_jax import cli  # noqa: E402
 from transformer_jax import config as config_lib  # noqa: E402
-from transformer_jax import generation  # noqa: E402
-from transformer_jax import layer_layout  # noqa: E402
-from transformer_jax import restoring  # noqa: E402
-from transformer_jax import text_input  # noqa: E402
-from transformer_jax.model_config import ModelConfig  # noqa: E402
+from transformer_jax.config.model import ModelConfig  # noqa: E402
+from transformer_jax.data import text_input  # noqa: E402
+from transformer_jax.inference import generation  # noqa: E402
+from transformer_jax.inference import restoring  # noqa: E402
+from transformer_jax.model import layer_layout  # noqa: E402
 
 KINDS = {'encoder': ('encoder', 'self_attention'), 'decoder': ('decoder', 'self_attention'),
          'cross': ('decoder', 'cross_attention')}

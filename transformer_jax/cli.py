@@ -14,9 +14,9 @@ from absl import logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import cpu_backend
-from transformer_jax.errors import MissingDependencyError
-from transformer_jax.errors import one_line
+from transformer_jax.core.errors import MissingDependencyError
+from transformer_jax.core.errors import one_line
+from transformer_jax.runtime import backends
 
 # Errors that describe a bad input or a run that cannot go on, already worded for the user.
 USER_ERRORS = (ValueError, OSError, ArithmeticError, MissingDependencyError)
@@ -142,7 +142,7 @@ def run(main):
   on stderr."""
 
   def guarded(argv):
-    cpu_backend.skip_absent_accelerators()
+    backends.skip_absent_accelerators()
     logging.get_absl_handler().addFilter(_QuietLibraries())
     sys.unraisablehook = _unraisable_in_one_line(sys.unraisablehook)
     try:

@@ -15,11 +15,11 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import config as config_lib
-from transformer_jax import generation
-from transformer_jax import restoring
-from transformer_jax import text_input
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.sections import decode as decode_section
+from transformer_jax.config import decode as decode_section
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.data import text_input
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
 _PROMPT = flags.DEFINE_string('prompt', None, 'The text to continue (default: one prompt per line of standard input).')

@@ -49,8 +49,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import ml_collections
 
 from transformer_jax import config as config_lib
-from transformer_jax import files
-from transformer_jax.workdir import Workdir
+from transformer_jax.core import files
+from transformer_jax.core.workdir import Workdir
 
 CONFIG_ARG = 'config_arg'
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')

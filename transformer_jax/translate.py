@@ -13,10 +13,10 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax import config as config_lib
-from transformer_jax import generation
-from transformer_jax import restoring
-from transformer_jax import text_input
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.data import text_input
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
 
 _CHECKPOINTS = cli.CheckpointFlags(workdir_required=False)
 _ENGINE = flags.DEFINE_enum('engine', 'jax', ['jax', 'ctranslate2'],
@@ -62,7 +62,7 @@ def _ctranslate2_engine():
   if not _MODEL.value or _CHECKPOINTS.given:
     raise ValueError('--engine=ctranslate2 translates with an export: pass --model=DIR written by python -m '
                      'transformer_jax.export (and no --workdir, --step or --average_last).')
-  from transformer_jax.export import serving  # pylint: disable=import-outside-toplevel  # loads CTranslate2
+  from transformer_jax.interop import serving  # pylint: disable=import-outside-toplevel  # loads CTranslate2
   beam_size = 1 if _METHOD.value == 'greedy' else _BEAM.value  # CTranslate2's greedy search
   return lambda lines: serving.translate_lines(_MODEL.value, lines, beam_size=beam_size, batch_size=_BATCH.value,
                                                truncate=_TRUNCATE.value)

@@ -14,7 +14,7 @@ from typing import Any, Iterator, NamedTuple
 
 import jax
 
-from transformer_jax import sharding
+from transformer_jax.runtime import sharding
 
 
 class Fed(NamedTuple):

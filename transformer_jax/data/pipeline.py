@@ -46,9 +46,9 @@ import ml_collections
 import numpy as np
 from absl import flags, logging
 
+from transformer_jax.config import pipeline as pipeline_section
+from transformer_jax.core.tokens import EOS_ID
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.sections import pipeline as pipeline_section
-from transformer_jax.tokens import EOS_ID
 
 BATCH_KEYS = ('inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
               'inputs_positions', 'targets_positions')

@@ -46,9 +46,9 @@ from typing import Any, Sequence
 from absl import logging
 import ml_collections
 
-from transformer_jax import files
+from transformer_jax.config import data as data_section
+from transformer_jax.core import files
 from transformer_jax.data import builtin
-from transformer_jax.sections import data as data_section
 
 
 class PairSequence(collections.abc.Sequence):

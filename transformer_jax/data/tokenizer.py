@@ -22,16 +22,16 @@ from absl import logging
 from jax.experimental import multihost_utils
 from sentencepiece import sentencepiece_model_pb2
 
-from transformer_jax import files
-from transformer_jax.sections import tokenizer as tokenizer_section
-from transformer_jax.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.config import tokenizer as tokenizer_section
+from transformer_jax.core import files
+from transformer_jax.core.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 _MODEL_TYPE_NAMES = {sentencepiece_model_pb2.TrainerSpec.BPE: 'bpe',
                      sentencepiece_model_pb2.TrainerSpec.UNIGRAM: 'unigram'}
 
 
 class Tokenizer:
-  """A SentencePiece model with the reserved ids of `transformer_jax.tokens`."""
+  """A SentencePiece model with the reserved ids of `transformer_jax.core.tokens`."""
 
   def __init__(self, model_proto: bytes, path: str = '<memory>'):
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)

@@ -1,0 +1,1 @@
+"""Using a trained model: restoring its checkpoints, decoding (beam, greedy, sampling) and generating text."""

@@ -1,0 +1,91 @@
+"""The model card (README.md) of a `transformers` export: what was trained on what, and how well it translates."""
+
+import json
+import os
+
+from transformer_jax.config.model import ModelConfig
+from transformer_jax.core import files
+from transformer_jax.core.workdir import Workdir, params_tag
+from transformer_jax.interop import marian
+
+
+_USAGE = '\n'.join([
+    'from transformers import MarianMTModel, MarianTokenizer',
+    'model = MarianMTModel.from_pretrained("THIS_DIRECTORY")',
+    'tokenizer = MarianTokenizer.from_pretrained("THIS_DIRECTORY")',
+    'batch = tokenizer(["A sentence."], return_tensors="pt")',
+    'print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))'])
+
+
+def _data(config) -> str:
+  data = config.data
+  if data.source == 'builtin':
+    return (f'the built-in EN→DE corpus of transformer_jax (generated: {data.builtin_train_size} training pairs, '
+            f'{data.builtin_eval_size} validation and test pairs)')
+  if data.source == 'tfds':
+    return f'the tfds dataset `{data.tfds_name}` ({data.source_lang}→{data.target_lang})'
+  named = {split: dict(paths) for split, paths in data.files.items() if any(dict(paths).values())}
+  return f'local files: {json.dumps(named)}'
+
+
+def _scores(config, workdir: str, steps, final_steps) -> str:
+  """The test scores of the exported params (eval.py's results file for their steps) or, where those were never
+  evaluated, of the run's final model, said as such."""
+  run_dir, split = Workdir(workdir), config.eval.test_split
+  own = run_dir.results_file(split, split, params_tag(steps, final_steps))
+  path = own if os.path.isfile(own) else run_dir.final_results_file
+  if not os.path.isfile(path):
+    return 'No test scores: the run has no results.json (evaluate it with `python eval.py --workdir=...`).\n'
+  results = files.read_json(path, 'results file')
+  lines = [f'On the `{results.get("split", "test")}` split ({results.get("num_sentences")} sentences), params of '
+           f'step(s) {results.get("averaged_steps")}, beam {results.get("beam_size")}:', '']
+  if path != own:
+    lines[1:1] = ['', f'These are the scores of the run\'s final model, not of the exported params of step(s) '
+                  f'{list(steps)}, which were not evaluated.']
+  for metric in ('bleu', 'chrf', 'chrf++'):
+    if metric in results:
+      lines.append(f'- {metric}: {results[metric]:.2f} (sacrebleu `{results.get(metric + "_signature", "")}`)')
+  return '\n'.join(lines) + '\n'
+
+
+def model_card(config, workdir: str, steps, final_steps) -> str:
+  """README.md for the export of `workdir` (its saved `config`) at `steps`; `final_steps`: those of the run's final
+  model (`restoring.final_model_steps`), which name the results files."""
+  cfg = ModelConfig.from_dict(config.model)
+  notes = []
+  if cfg.sinusoids == 'interleaved':
+    notes.append('the d_model features are permuted so that the paper\'s interleaved sinusoids are Marian\'s '
+                 'sines-then-cosines table (the same network)')
+  if cfg.layer_norm_epsilon != marian.MARIAN_EPSILON:
+    notes.append(f'trained with LayerNorm epsilon {cfg.layer_norm_epsilon:g}; Marian\'s layers use '
+                 f'{marian.MARIAN_EPSILON:g}')
+  return f'''---
+library_name: transformers
+pipeline_tag: translation
+tags: [marian, transformer_jax]
+---
+
+# A Transformer trained with transformer_jax
+
+An encoder-decoder Transformer ("Attention Is All You Need") trained with transformer_jax and exported as a
+`MarianMTModel`: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads,
+d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
+{('Export notes: ' + '; '.join(notes) + '.') if notes else ''}
+
+```python
+{_USAGE}
+```
+
+## Data
+
+Trained on {_data(config)}. The exported params are those of step(s) {steps}.
+
+## Test scores
+
+{_scores(config, workdir, steps, final_steps)}
+## Training config
+
+```json
+{config.to_json_best_effort(indent=2)}
+```
+'''

@@ -1,0 +1,230 @@
+"""Scoring and reports: teacher-forced loss over a split, BLEU and chrF of its translations (or, for a language model,
+perplexity, bits per byte, the unigram baseline and sampled continuations) by one model or an ensemble, a paired
+test against a baseline, results files and the printed report. Used by training (in-run validation, the final
+report) and by `eval.py`."""
+
+import json
+import os
+
+import jax
+import numpy as np
+from absl import logging
+
+from transformer_jax.core import files
+from transformer_jax.core.tokens import EOS_ID
+from transformer_jax.core.workdir import Workdir, params_tag
+from transformer_jax.data import pipeline
+from transformer_jax.data import sources
+from transformer_jax.evaluation import scores
+from transformer_jax.evaluation import significance
+from transformer_jax.inference import generation
+from transformer_jax.inference import restoring
+from transformer_jax.runtime import sharding
+from transformer_jax.training import metrics as metrics_lib
+from transformer_jax.training import steps
+
+# The unigram baseline of a language model counts tokens of at most this many training documents (a seeded sample).
+UNIGRAM_DOCUMENTS = 200_000
+
+
+def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
+                   max_length: int | None = None) -> dict:
+  """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
+  pairs or documents, and the number of target tokens, by `eval_fn` (`steps.jit_eval_step`) of `members` (one
+  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
+  totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
+  batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
+                                       process_count=jax.process_count(), max_length=max_length)
+  for i, batch in enumerate(batches):
+    if max_batches is not None and i >= max_batches:
+      break
+    batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
+    sums = jax.device_get(eval_fn(members, batch))
+    totals = {k: totals[k] + float(sums[k]) for k in totals}
+  return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
+
+
+def teacher_forced_metrics(restored: restoring.Restored, pairs) -> dict:
+  """`teacher_forced` over every pair (or document), with the restored model or ensemble."""
+  shardings = jax.tree.map(lambda x: x.sharding, restored.members)
+  eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
+  with restored.on_mesh():
+    return teacher_forced(restored.members, eval_fn, pairs, restored.tokenizer, restored.mesh,
+                          restored.config.eval.batch_size, max_length=restored.position_limit)
+
+
+def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]],
+                       tag: str | None = None) -> dict[str, str]:
+  """Writes {'src'|'hyp'|'ref': lines} one sentence per line (UTF-8), to inspect or re-score with other tools;
+  `tag` as in `Workdir.translation_file`."""
+  lengths = {kind: len(lines) for kind, lines in texts.items()}
+  if len(set(lengths.values())) != 1:
+    raise ValueError(f'sources, hypotheses and references differ in length: {lengths}')
+  paths = {}
+  for kind, lines in texts.items():
+    if any('\n' in line or '\r' in line for line in lines):
+      raise ValueError(f'a {kind} sentence contains a line break, which would misalign the files')
+    paths[kind] = run_dir.translation_file(split, kind, tag)
+    os.makedirs(os.path.dirname(paths[kind]), exist_ok=True)
+    with open(paths[kind], 'w', encoding='utf-8') as f:
+      f.write(''.join(line + '\n' for line in lines))
+  return paths
+
+
+def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
+                   compare_to: significance.Comparison | None = None, final_steps: list[int] | None = None) -> dict:
+  """Loss, perplexity, accuracy, BLEU (sacrebleu and the paper's tokenized BLEU), chrF and chrF++ on a split of the
+  restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison'); a language
+  model's numbers instead (`evaluate_documents`).
+
+  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, an ensemble's
+  under names tagged 'ensemble' with its members (workdir and steps of each) in the results. Given the steps of
+  the run's final model (`restoring.final_model_steps`), params of other steps are written under names tagged with
+  their steps (`results_tag`), so that evaluating another checkpoint never replaces the final evaluation.
+  """
+  tag = results_tag(restored, final_steps)
+  if restored.members[0].model.config.decoder_only:
+    if compare_to:
+      raise ValueError('--compare_to compares translations; a language model\'s evaluation has none: drop it.')
+    return evaluate_documents(restored, workdir, split, tag)
+  config, run_dir = restored.config, Workdir(workdir)
+  for key in ('eval.batch_size', 'decode.batch_size'):
+    section, name = key.split('.')
+    sharding.check_batch_divisible(config[section][name], restored.mesh, key)
+  pairs = sources.load_split(config.data, split)
+  if compare_to:
+    compare_to.check([target for _, target in pairs])  # before anything is decoded
+  limit = restored.position_limit
+  cut = pipeline.count_over(pairs, restored.tokenizer, limit)
+  if cut:
+    logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
+                    'scoring (results.json: cut_sentences)', cut, split, limit, limit)
+  losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
+  hypotheses = generation.translate_pairs(restored, pairs, config.decode)
+  sources_text = [src for src, _ in pairs]
+  references = [tgt for _, tgt in pairs]
+  lang = config.data.target_lang
+  tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
+  results = {**_provenance(restored), 'split': split, **scores.corpus_scores(hypotheses, references),
+             'tokenized_bleu': tokenized, 'num_sentences': len(pairs), 'params': _count_params(restored.members),
+             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
+  if compare_to:
+    results['comparison'] = compare_to.run(hypotheses, references)
+  if jax.process_index() == 0:
+    results['translations'] = write_translations(
+        run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, tag)
+    results['results_file'] = _write_results(run_dir, split, config, results, tag)
+  results['samples'] = list(zip(sources_text, hypotheses, references))
+  return results
+
+
+def results_tag(restored: restoring.Restored, final_steps: list[int] | None = None) -> str | None:
+  """How an evaluation's files are named (`Workdir.results_file`): 'ensemble' for an ensemble; for one model,
+  `workdir.params_tag` of its steps (None, results.json, for the final model or when `final_steps` is None)."""
+  return 'ensemble' if restored.is_ensemble else params_tag(restored.steps, final_steps)
+
+
+def _provenance(restored: restoring.Restored) -> dict:
+  """Where the params come from, as results.json records it: the step(s) of one model, an ensemble's members."""
+  if restored.is_ensemble:
+    return {'ensemble': list(restored.origins)}
+  return {'step': restored.steps[-1], 'averaged_steps': restored.steps}
+
+
+def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str | None) -> str:
+  path = run_dir.results_file(split, config.eval.test_split, tag)
+  files.write_atomically(path, json.dumps(results, indent=2))
+  return path
+
+
+def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, tag: str | None = None) -> dict:
+  """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
+  byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
+  those whose half leaves the model room to continue).
+
+  Bits per byte: the total NLL in bits over the UTF-8 bytes of the documents, each counted with one byte more
+  for its end (the EOS the model predicts, a line end in a file). Writes the numbers into the workdir, under a
+  name with `tag` (`results_tag`) if given.
+  """
+  config = restored.config
+  documents = sources.load_documents(config.data, split)
+  losses = teacher_forced_metrics(restored, documents)
+  num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
+  examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
+  fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < restored.max_len
+  examples = [document for document in examples if fits(document)]
+  prompts = [_first_half(document) for document in examples]
+  samples = generation.continue_prompts(restored, prompts, max_new_tokens=config.decode.max_new_tokens,
+                                       temperature=config.decode.temperature, top_k=config.decode.top_k,
+                                       top_p=config.decode.top_p, batch_size=config.decode.batch_size, fit=True)
+  results = {**_provenance(restored), 'split': split, 'perplexity': losses['perplexity'],
+             'bits_per_byte': metrics_lib.bits_per_byte(losses['nll'] * losses['tokens'], num_bytes),
+             'unigram_perplexity': unigram_baseline(restored.tokenizer, config.data, documents),
+             'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
+             'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()}}
+  if jax.process_index() == 0:
+    results['results_file'] = _write_results(Workdir(workdir), split, config, results, tag)
+  results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
+  return results
+
+
+def unigram_baseline(tokenizer, data_config, documents) -> float:
+  """The perplexity on `documents` (their tokens and EOS, as the model is scored) of the add-one smoothed unigram
+  model of the training split's tokens (a seeded sample of at most UNIGRAM_DOCUMENTS documents)."""
+  train = sources.load_documents(data_config, 'train')
+  chosen = np.random.default_rng(0).choice(len(train), min(len(train), UNIGRAM_DOCUMENTS), replace=False)
+  ids = lambda texts: (tokenizer.encode(text) + [EOS_ID] for text in texts)
+  return metrics_lib.unigram_perplexity(ids(train[int(i)] for i in chosen), ids(documents), tokenizer.vocab_size)
+
+
+def _first_half(document: str) -> str:
+  """A prompt from a held-out document: its first half of words (at least one)."""
+  words = document.split()
+  return ' '.join(words[:max(1, len(words) // 2)])
+
+
+def _count_params(members) -> int:
+  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(members)))
+
+
+def describe(results: dict, num_samples: int) -> str:
+  """A short human-readable report of `evaluate_split`'s results, with `num_samples` of its samples."""
+  split = results['split']
+  if 'bits_per_byte' in results:
+    labels = ('prompt', 'sample', 'reference')
+    headline = (f'{split}: perplexity {results["perplexity"]:.3f} against {results["unigram_perplexity"]:.1f} of '
+                'the unigram model (add-one smoothed token counts of the training split), bits per byte '
+                f'{results["bits_per_byte"]:.4f}, nll {results[f"{split}_nll"]:.4f}, accuracy '
+                f'{results[f"{split}_accuracy"]:.3f} on {results["num_documents"]} documents '
+                f'({results["num_tokens"]} tokens)')
+  else:
+    labels = ('source', 'output', 'reference')
+    headline = (f'{split}: BLEU {results["bleu"]:.2f} (sacrebleu {results["bleu_signature"]}), '
+                f'chrF {results["chrf"]:.2f} ({results["chrf_signature"]}), '
+                f'chrF++ {results["chrf++"]:.2f} ({results["chrf++_signature"]}), '
+                f'tokenized BLEU {results["tokenized_bleu"]:.2f}, loss {results[f"{split}_loss"]:.4f}, '
+                f'nll {results[f"{split}_nll"]:.4f}, perplexity {results[f"{split}_perplexity"]:.3f}, '
+                f'accuracy {results[f"{split}_accuracy"]:.3f} on {results["num_sentences"]} sentences')
+  if 'ensemble' in results:
+    provenance = 'ensemble of ' + ', '.join(f'{m["workdir"]} step(s) {m["steps"]}' for m in results['ensemble'])
+  else:
+    provenance = f'params of step(s) {results["averaged_steps"]}'
+  lines = [f'{headline}; {provenance}']
+  if 'results_file' in results:
+    lines.append(f'results written to {results["results_file"]}')
+  for sample in results['samples'][:num_samples]:
+    lines += [f'  {label + ":":<11}{text}' for label, text in zip(labels, sample)]
+  if 'comparison' in results:
+    lines.append(significance.describe(results['comparison']))
+  return '\n'.join(lines)
+
+
+def final_report(config, workdir: str) -> dict:
+  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
+  (a language model: perplexity against the unigram baseline, and samples)."""
+  average = len(restoring.final_model_steps(config, workdir))
+  restored = restoring.restore(config, workdir, average_last=average if average > 1 else None)
+  results = evaluate_split(restored, workdir, config.eval.test_split)
+  if jax.process_index() == 0:
+    print(describe(results, config.eval.num_samples), flush=True)
+  return results

@@ -1,0 +1,1 @@
+"""XLA:CPU's own implementations of the model's ops."""

@@ -1,0 +1,1 @@
+"""A GPU's own implementations of the model's ops: Pallas kernels."""
