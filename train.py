@@ -43,11 +43,13 @@ flags.register_validator('topology', lambda topology: topology is None or _COMPI
 
 def compile_only(config) -> None:
   """--compile_only: every program of the run compiled for --topology, reported; one line if one does not fit."""
-  from transformer_jax.compile import aot  # pylint: disable=import-outside-toplevel
+  from transformer_jax.compile import aot, topologies  # pylint: disable=import-outside-toplevel
   from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   config_lib.validate(config, data_splits=(), overrides=cli.overrides())
+  programs = aot.run_programs(config, topologies.topology_devices(_TOPOLOGY.value))
+  print(f'{programs[0].kernels.describe()}\n', flush=True)
   unfit = []
-  for what, analysis in aot.compile_run(config, _TOPOLOGY.value):
+  for what, analysis in aot.compile_run(programs, _TOPOLOGY.value):
     print(f'{what}:\n{aot.summary(analysis)}\n', flush=True)  # each as it is compiled: a program takes minutes
     if not analysis.fits:
       unfit.append(f'{what} does not fit on {_TOPOLOGY.value}: {aot.advice(analysis, config)}')

@@ -26,8 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import common
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.kernels import attention_masks
 from transformer_jax.model import attention
+from transformer_jax.runtime import sharding
 
 IMPLEMENTATIONS = ('reference', 'dot_product', 'chunked')
 
@@ -46,9 +48,14 @@ def make_inputs(length, batch, heads, d_k, dtype='float32', packed=0, seed=0):
   return q, k, v, attention_masks.MaskSpec.self_attention(valid, segment, causal=True)
 
 
+def kernels_for(implementation: str):
+  """The kernels of a model with `model.attention=implementation` on this machine's devices."""
+  return ModelConfig(attention=implementation, platform=sharding.devices_platform(jax.devices())).kernels
+
+
 def forward_backward(implementation, spec, chunk_size, dropout_rate=0.0):
   def loss(q, k, v):
-    out = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk_size,
+    out = attention.attend(q, k, v, spec, kernels=kernels_for(implementation), chunk_size=chunk_size,
                            dropout_rate=dropout_rate, dropout_rng=jax.random.key(0) if dropout_rate else None)
     return jnp.sum(jnp.sin(out))
 

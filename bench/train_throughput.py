@@ -32,7 +32,6 @@ Examples (repository root): python -m bench.train_throughput --configs=default,b
 """
 
 import argparse
-import dataclasses
 import math
 import os
 import resource
@@ -92,8 +91,8 @@ def random_batch(rows, source_len, target_len, vocab, seed=0):
 # ------------------------------------------------------------------------------------------------ ours (JAX)
 
 class Ours:
-  """Our train step; `cpu_kernels` ('on'/'off') overrides the config's choice of `kernels/cpu/projections.py`'s backward passes
-  ('off': the stock pieces that run on a GPU or TPU)."""
+  """Our train step; `cpu_kernels` ('on'/'off') overrides the config's choice of the XLA:CPU backward passes
+  (`kernels/cpu/projections.py`; 'off': the stock pieces that run on a GPU or TPU)."""
 
   NAMES = {None: 'ours', 'off': 'ours_stock', 'on': 'ours_cpu_kernels'}
 
@@ -107,7 +106,7 @@ class Ours:
     from transformer_jax.runtime import sharding, xla_options  # pylint: disable=import-outside-toplevel
 
     config = config_lib.base_config()  # the paper's schedule, Adam(0.9, 0.98, 1e-9) and smoothing 0.1
-    config.model.update(dataclasses.asdict(cfg))
+    config.model.update(cfg.section())
     config.train.seed = seed
     run = run_builder.build(config, jax.devices()[:1])  # as the trainer builds it, on one device
     # what the step is compiled with: the mesh's (steps.train_step), then `compiler_options` added

@@ -25,6 +25,8 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import config as config_lib
+from transformer_jax.config import platform as platform_lib
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.core.workdir import Workdir
 from transformer_jax.model.transformer import init_inputs, make_model
 from transformer_jax.runtime import sharding
@@ -244,9 +246,16 @@ def one_device_mesh(config: ml_collections.ConfigDict):
   return sharding.mesh_and_rules(mesh_cfg, jax.devices()[:1])
 
 
-def train_objects(config: ml_collections.ConfigDict):
-  """(model, tx, schedule) of a config, as the trainer builds them."""
-  return steps.training_objects(config)
+def train_objects(config: ml_collections.ConfigDict, platform: str = 'cpu'):
+  """(model, tx, schedule) of a config, as the trainer builds them for devices of `platform`."""
+  return steps.training_objects(config, platform)
+
+
+def kernels(attention: str = 'auto', platform: str | None = None, **settings) -> platform_lib.Kernels:
+  """The kernels a model with `model.attention=attention` (and other model `settings`) runs when compiled for
+  `platform`: by default the flash kernel's own platform (run in interpret mode on this CPU), else the CPU's."""
+  platform = platform or platform_lib.FLASH_KERNELS.get(attention, 'cpu')
+  return ModelConfig(attention=attention, platform=platform, **settings).kernels
 
 
 def jitted_train_step(config, model, tx, schedule, state_shardings, mesh):

@@ -216,7 +216,7 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
 
   def loss(q, k, v, valid, rng):
     spec = attention_masks.MaskSpec.self_attention(valid, causal=True)
-    out = attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.1, dropout_rng=rng)
+    out = attention.attend(q, k, v, spec, kernels=helpers.kernels('flash_tpu'), dropout_rate=0.1, dropout_rng=rng)
     return jnp.sum(out.astype(jnp.float32))
 
   with jax.set_mesh(mesh), aot.compiling_for(mesh.devices.flat):
@@ -244,7 +244,8 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   calls = [line for line in text.splitlines() if 'custom-call(' in line and '/attention_gpu_' in line]
   assert len(calls) == 3 * 3 and all(re.search(r'bf16\[\d+(,\d+){4}\]', line) for line in calls)
   ops = hlo_costs.op_costs(text)
-  projections = {op.op_name.rsplit('/', 1)[1] for op in ops if '._project/' in op.op_name}
+  scope = re.compile(r'_attention/(query|key|value|key_value|key_value_query)/')
+  projections = {op.op_name.rsplit('/', 1)[1] for op in ops if scope.search(op.op_name)}
   assert 'dot_general' in projections and 'add_any' not in projections
   # The backward's delta = rowsum(o ⊙ do) comes from the dq kernel's own tiles: no reduction around the kernels
   assert not [op for op in ops if step_parts.part_of(op) == 'attention: softmax' and op.opcode in ('fusion', 'reduce')
@@ -311,6 +312,7 @@ def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_point
   ok = entry_points.run(args, text=True, timeout=600)
   assert ok.returncode == 0, ok.stderr[-3000:]
   assert 'train step, batch 32×64:' in ok.stdout and 'eval step, batch 64×64:' in ok.stdout
+  assert ok.stdout.startswith('TPU kernels: attention flash_tpu, bernoulli dropout masks\n')  # chosen for the slice
   assert ok.stdout.count('of HBM: fits') == 2
   big = entry_points.run(args + ['--config.model.vocab_size=1048576', '--config.model.d_model=2048'], text=True,
                          timeout=600)
@@ -339,7 +341,7 @@ def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
     return topology
 
   monkeypatch.setattr(aot, '_analysis', analysis)
-  reports = aot.compile_run(_two_bucket_config(), TOPOLOGY)
+  reports = aot.compile_run(aot.run_programs(_two_bucket_config(), topologies.topology_devices(TOPOLOGY)), TOPOLOGY)
   assert next(reports) == ('train step, batch 32×64', TOPOLOGY)
   first_given.set()
   assert sorted(reports) == [('eval step, batch 64×64', TOPOLOGY), ('train step, batch 64×32', TOPOLOGY)]

@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax.compile import topologies
 from transformer_jax.config import model as model_config
 from transformer_jax.kernels import attention_masks
 from transformer_jax.kernels import dropout_masks
 from transformer_jax.model import attention
-from transformer_jax.runtime import pallas_mode
-from transformer_jax.runtime import sharding
 
 
 def _random_case(seed, batch=2, q_len=13, k_len=13, heads=3, d_k=8, d_v=8, segments=False, causal=False):
@@ -66,16 +63,16 @@ def test_causal_offset_mask():
 @pytest.mark.parametrize('chunk', [4, 5, 64])
 def test_implementations_agree(segments, causal, chunk):
   q, k, v, spec = _random_case(1, segments=segments, causal=causal)
-  ref = attention.attend(q, k, v, spec, implementation='reference')
+  ref = attention.attend(q, k, v, spec, kernels=helpers.kernels('reference'))
   for impl in ('dot_product', 'chunked'):
-    out = attention.attend(q, k, v, spec, implementation=impl, chunk_size=chunk)
+    out = attention.attend(q, k, v, spec, kernels=helpers.kernels(impl), chunk_size=chunk)
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5, err_msg=impl)
 
 
 def test_implementations_agree_cross_lengths_and_dv():
   q, k, v, spec = _random_case(2, q_len=9, k_len=17, d_k=8, d_v=12, segments=True)
-  ref = attention.attend(q, k, v, spec, implementation='reference')
-  out = attention.attend(q, k, v, spec, implementation='chunked', chunk_size=4)
+  ref = attention.attend(q, k, v, spec, kernels=helpers.kernels('reference'))
+  out = attention.attend(q, k, v, spec, kernels=helpers.kernels('chunked'), chunk_size=4)
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
 
 
@@ -83,7 +80,7 @@ def test_gradients_agree():
   q, k, v, spec = _random_case(3, segments=True, causal=True)
 
   def loss(impl, q, k, v):
-    return jnp.sum(jnp.sin(attention.attend(q, k, v, spec, implementation=impl, chunk_size=4)))
+    return jnp.sum(jnp.sin(attention.attend(q, k, v, spec, kernels=helpers.kernels(impl), chunk_size=4)))
 
   ref = jax.grad(lambda *a: loss('reference', *a), argnums=(0, 1, 2))(q, k, v)
   for impl in ('dot_product', 'chunked'):
@@ -95,7 +92,7 @@ def test_gradients_agree():
 def test_fully_masked_queries_give_zeros():
   q, k, v, spec = _random_case(4)
   for impl in ('reference', 'dot_product', 'chunked'):
-    out = attention.attend(q, k, v, spec, implementation=impl, chunk_size=4)
+    out = attention.attend(q, k, v, spec, kernels=helpers.kernels(impl), chunk_size=4)
     assert np.all(np.asarray(out)[1, -4:] == 0.0), impl  # padded queries of row 1
     assert np.all(np.isfinite(out))
 
@@ -106,15 +103,14 @@ def test_padding_keys_are_ignored():
   k2[1, -5:] += 100.0
   v2[1, -5:] -= 100.0
   for impl in ('reference', 'dot_product', 'chunked'):
-    a = attention.attend(q, k, v, spec, implementation=impl, chunk_size=4)
-    b = attention.attend(q, k2, v2, spec, implementation=impl, chunk_size=4)
+    a = attention.attend(q, k, v, spec, kernels=helpers.kernels(impl), chunk_size=4)
+    b = attention.attend(q, k2, v2, spec, kernels=helpers.kernels(impl), chunk_size=4)
     np.testing.assert_allclose(a, b, atol=1e-5, err_msg=impl)
 
 
 def test_unknown_implementation_is_an_error():
-  q, k, v, spec = _random_case(6)
-  with pytest.raises(ValueError, match='unknown attention implementation'):
-    attention.attend(q, k, v, spec, implementation='flash')
+  with pytest.raises(ValueError, match=r"model.attention='flash' is not one of \('auto', 'reference'"):
+    helpers.kernels('flash')
 
 
 # --- attention dropout: one hash of each weight's indices, the same bits whichever implementation computes them
@@ -135,11 +131,12 @@ def _dropped_reference(q, k, v, spec, rng):
 def test_attention_dropout_draws_the_full_matrix_bits_in_any_block(implementation, chunk):
   q, k, v, spec = _random_case(7, segments=True, causal=True)
   rng = jax.random.key(3)
-  out = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk, dropout_rate=RATE,
+  out = attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation), chunk_size=chunk, dropout_rate=RATE,
                          dropout_rng=rng)
   np.testing.assert_allclose(out, _dropped_reference(q, k, v, spec, rng), atol=2e-5, rtol=2e-5)
-  assert not np.allclose(out, attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk))
-  other = attention.attend(q, k, v, spec, implementation=implementation, chunk_size=chunk, dropout_rate=RATE,
+  kernels = helpers.kernels(implementation)
+  assert not np.allclose(out, attention.attend(q, k, v, spec, kernels=kernels, chunk_size=chunk))
+  other = attention.attend(q, k, v, spec, kernels=kernels, chunk_size=chunk, dropout_rate=RATE,
                            dropout_rng=jax.random.key(4))
   assert not np.allclose(out, other)  # another step's key, other bits
 
@@ -147,8 +144,8 @@ def test_attention_dropout_draws_the_full_matrix_bits_in_any_block(implementatio
 def test_chunked_attention_dropout_gradients_follow_the_same_weights():
   q, k, v, spec = _random_case(8, segments=True, causal=True)
   rng = jax.random.key(4)
-  chunked = lambda q, k, v: jnp.sum(jnp.sin(attention.attend(q, k, v, spec, implementation='chunked', chunk_size=4,
-                                                             dropout_rate=RATE, dropout_rng=rng)))
+  chunked = lambda q, k, v: jnp.sum(jnp.sin(attention.attend(q, k, v, spec, kernels=helpers.kernels('chunked'),
+                                                             chunk_size=4, dropout_rate=RATE, dropout_rng=rng)))
   dense = lambda q, k, v: jnp.sum(jnp.sin(_dropped_reference(q, k, v, spec, rng)))
   for got, want in zip(jax.grad(chunked, argnums=(0, 1, 2))(q, k, v), jax.grad(dense, argnums=(0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(got, want, atol=5e-5, rtol=5e-5)
@@ -177,14 +174,11 @@ def test_attention_dropout_on_longer_sequences_than_its_counter_is_an_error():
   q = jnp.zeros((1, length, 1, 4))
   spec = attention_masks.MaskSpec.self_attention(jnp.ones((1, length), bool))
   with pytest.raises(ValueError, match='attention dropout takes sequences of up to 65536'):
-    attention.attend(q, q, q, spec, implementation='chunked', dropout_rate=RATE, dropout_rng=jax.random.key(0))
+    attention.attend(q, q, q, spec, kernels=helpers.kernels('chunked'), dropout_rate=RATE,
+                     dropout_rng=jax.random.key(0))
 
 
 # --- which implementation serves a call
-
-
-def _tpu_mesh():
-  return helpers.data_mesh(topologies.topology_devices('v4-8'))
 
 
 def test_the_table_holds_every_configurable_implementation():
@@ -197,37 +191,39 @@ def test_auto_chooses_by_the_platform_compiled_for_and_falls_back_where_a_kernel
   decoding = spec.replace(q_offset=jnp.int32(3))
   long = attention_masks.MaskSpec.self_attention(jnp.ones((1, 1100), bool))
   serving = attention.serving
-  assert serving('auto', spec, q, v, dropout=False) == 'reference'  # a CPU: today's XLA path
-  assert serving('auto', spec, q, v, dropout=True) == 'reference'  # a CPU's choice has dropout
-  with jax.set_mesh(_tpu_mesh()):  # compiling for a TPU on this CPU host
-    assert serving('auto', self_spec, q, v, dropout=False) == 'flash_tpu'
-    assert serving('auto', spec, q, v, dropout=False) == 'flash_tpu'  # cross-attention: segment ids per side
-    assert serving('auto', decoding, q, v, dropout=False) == 'reference'  # a cached prefix: no kernel's mask
-    assert serving('auto', self_spec, q, v, dropout=True) == 'flash_tpu'  # its own kernel draws dropout
-    assert serving('auto', long, q, v, dropout=True) == 'flash_tpu'  # at any length
-  with pallas_mode.interpret_kernels():  # a kernel named on a CPU (test_flash_attention.py)
-    assert serving('flash_gpu', self_spec, q, v, dropout=False) == 'flash_gpu'
-    assert serving('flash_gpu', spec, q, v, dropout=False) == 'flash_gpu'  # cross-attention: our Triton kernels
+  cpu, tpu = helpers.kernels('auto', 'cpu'), helpers.kernels('auto', 'tpu')
+  assert serving(cpu, spec, q, v, dropout=False) == 'reference'  # a CPU: XLA's ops
+  assert serving(cpu, spec, q, v, dropout=True) == 'reference'  # a CPU's choice has dropout
+  assert serving(tpu, self_spec, q, v, dropout=False) == 'flash_tpu'
+  assert serving(tpu, spec, q, v, dropout=False) == 'flash_tpu'  # cross-attention: segment ids per side
+  assert serving(tpu, decoding, q, v, dropout=False) == 'reference'  # a cached prefix: no kernel's mask
+  assert serving(tpu, self_spec, q, v, dropout=True) == 'flash_tpu'  # its own kernel draws dropout
+  assert serving(tpu, long, q, v, dropout=True) == 'flash_tpu'  # at any length
+  flash_gpu = helpers.kernels('flash_gpu')
+  assert serving(flash_gpu, self_spec, q, v, dropout=False) == 'flash_gpu'
+  assert serving(flash_gpu, spec, q, v, dropout=False) == 'flash_gpu'  # cross-attention: our Triton kernels
   d_v = v[..., :4]
-  assert serving('dot_product', spec, q, d_v, dropout=False) == 'reference'  # dot_product needs d_k == d_v
-  assert serving('dot_product', spec, q, v, dropout=True) == 'chunked'  # dropout where the choice has none
-  assert serving('chunked', decoding, q, v, dropout=False) == 'reference'
+  dot_product = helpers.kernels('dot_product')
+  assert serving(dot_product, spec, q, d_v, dropout=False) == 'reference'  # dot_product needs d_k == d_v
+  assert serving(dot_product, spec, q, v, dropout=True) == 'chunked'  # dropout where the choice has none
+  assert serving(helpers.kernels('chunked'), decoding, q, v, dropout=False) == 'reference'
 
 
-def test_auto_on_a_gpu_takes_cudnn_where_it_serves_and_the_triton_kernel_for_packed_rows(monkeypatch):
-  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')  # the rule's input; cuDNN itself: test_gpu.py
+def test_auto_on_a_gpu_takes_cudnn_where_it_serves_and_the_triton_kernel_for_packed_rows():
   q, _, v, padded = _random_case(10, segments=False, causal=True)
   _, _, _, packed = _random_case(10, segments=True, causal=True)
   padded_self = attention_masks.MaskSpec.self_attention(padded.q_valid, causal=True)
   packed_self = attention_masks.MaskSpec.self_attention(packed.q_valid, packed.q_segment, causal=True)
   bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)
-  serving = attention.serving
-  assert serving('auto', padded_self, bf16(q), bf16(v), dropout=False) == 'dot_product'
-  assert serving('auto', padded, bf16(q), bf16(v), dropout=False) == 'dot_product'  # cross-attention too
-  assert serving('auto', packed_self, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # cuDNN takes no segments
-  assert serving('auto', packed, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # packed cross: our kernels
-  assert serving('auto', padded_self, q, v, dropout=False) == 'flash_gpu'  # float32: no cuDNN kernel
+  serving, gpu = attention.serving, helpers.kernels('auto', 'gpu')  # the rule's input; cuDNN itself: test_gpu.py
+  assert serving(gpu, padded_self, bf16(q), bf16(v), dropout=False) == 'dot_product'
+  assert serving(gpu, padded, bf16(q), bf16(v), dropout=False) == 'dot_product'  # cross-attention too
+  assert serving(gpu, packed_self, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # cuDNN takes no segments
+  assert serving(gpu, packed, bf16(q), bf16(v), dropout=False) == 'flash_gpu'  # packed cross: our kernels
+  assert serving(gpu, padded_self, q, v, dropout=False) == 'flash_gpu'  # float32: no cuDNN kernel
   # With attention dropout, which cuDNN's kernel lacks: our Triton kernel, for self- and cross-attention alike.
-  assert serving('auto', padded_self, bf16(q), bf16(v), dropout=True) == 'flash_gpu'
-  assert serving('auto', packed, bf16(q), bf16(v), dropout=True) == 'flash_gpu'
-  assert serving('dot_product', packed, bf16(q), bf16(v), dropout=True) == 'chunked'
+  assert serving(gpu, padded_self, bf16(q), bf16(v), dropout=True) == 'flash_gpu'
+  assert serving(gpu, packed, bf16(q), bf16(v), dropout=True) == 'flash_gpu'
+  assert serving(helpers.kernels('dot_product', 'gpu'), packed, bf16(q), bf16(v), dropout=True) == 'chunked'
+  # An explicit flash_gpu stays ours where cuDNN would serve.
+  assert serving(helpers.kernels('flash_gpu'), padded_self, bf16(q), bf16(v), dropout=False) == 'flash_gpu'

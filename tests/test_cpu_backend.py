@@ -20,6 +20,7 @@ from transformer_jax.kernels.cpu import projections as cpu_projections
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.runtime import backends
+from transformer_jax.runtime import sharding
 from transformer_jax.training import checkpoint, metrics
 
 
@@ -35,7 +36,7 @@ def _assert_close(ours, stock):
 @pytest.mark.parametrize('attention', ['reference', 'chunked'])
 def test_a_bf16_train_step_runs_on_a_cpu_and_follows_float32(attention):
   """XLA:CPU cannot run a product of bf16 operands with a float32 result, which attention's scores and the loss's
-  gradient products ask for: `cpu_projections.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it
+  gradient products ask for: `ops.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it
   failed at run time) and its loss and gradient norm are float32's within five of bf16's roundings (2^-8 each)."""
   step_metrics = lambda dtype: helpers.small_step_loss_and_grad_norm(attention=attention, attention_chunk_size=8,
                                                                      attention_dropout=0.1, dtype=dtype)
@@ -94,16 +95,15 @@ def test_the_model_dropout_is_nn_dropout_off_the_cpu_seam(setting):
   assert np.array_equal(ours, stock) == (setting == 'off')
 
 
-def test_auto_follows_the_devices_the_step_is_traced_for_not_the_host():
+def test_auto_follows_the_devices_the_step_is_compiled_for_not_the_host():
   assert jax.default_backend() == 'cpu'  # the tests run on CPU devices
-  assert cpu_projections.enabled('auto') and cpu_projections.enabled('on') and not cpu_projections.enabled('off')
-  with jax.set_mesh(helpers.data_mesh(jax.devices())):
-    assert cpu_projections.enabled('auto')
-  with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('v4-8'))):  # compiling for a TPU on this CPU host
-    assert not cpu_projections.enabled('auto') and cpu_projections.enabled('on')
-    seen = []
-    jax.jit(lambda x: seen.append(cpu_projections.enabled('auto')) or x).trace(jax.ShapeDtypeStruct((2,), jnp.float32))
-    assert seen == [False]
+  kernels = lambda devices, setting: ModelConfig(cpu_kernels=setting,
+                                                 platform=sharding.devices_platform(devices)).kernels
+  cpu, tpu = jax.devices(), topologies.topology_devices('v4-8')  # compiling for a TPU on this CPU host
+  assert kernels(cpu, 'auto').cpu_projections and kernels(cpu, 'on').cpu_projections
+  assert not kernels(cpu, 'off').cpu_projections
+  assert not kernels(tpu, 'auto').cpu_projections and kernels(tpu, 'on').cpu_projections
+  assert [kernels(d, 'auto').dropout_masks for d in (cpu, tpu)] == ['sixteen_bit', 'bernoulli']
   with pytest.raises(ValueError, match=r"model.cpu_kernels='fast' is not one of \('auto', 'on', 'off'\)"):
     ModelConfig(cpu_kernels='fast')
 

@@ -11,7 +11,9 @@ import pytest
 import helpers
 from transformer_jax.compile import hlo_costs
 from transformer_jax.compile import topologies
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.kernels import dropout_masks
+from transformer_jax.runtime import sharding
 
 MASKS = {'cpu': dropout_masks.sixteen_bit_keep, 'gpu': dropout_masks.hashed_keep}
 
@@ -35,7 +37,8 @@ def test_cpu_keep_masks_take_one_threefry_evaluation_per_four_elements():
     return _random_work(jax.make_jaxpr(lambda key: keep_mask(key, 0.9, (64, 100)))(jax.random.key(0)).jaxpr)
 
   assert random_work(jax.random.bernoulli) == (64 * 100, 0)  # a word per element
-  assert random_work(dropout_masks.sixteen_bit_keep) == (2, 64 * 100 // 4)  # a threefry key, an evaluation per four elements
+  # a threefry key, then an evaluation per four elements
+  assert random_work(dropout_masks.sixteen_bit_keep) == (2, 64 * 100 // 4)
   assert random_work(dropout_masks.hashed_keep) == (2, 0)  # the hash's two words, then no random bits at all
 
 
@@ -60,13 +63,15 @@ def _random_work(jaxpr):
 
 @pytest.mark.parametrize('topology, work', [('h100-1', (2, 0)), ('v4-8', (6 * 40, 0)), (None, (2, 6 * 40 // 4))])
 def test_a_step_draws_the_masks_of_the_platform_it_is_compiled_for(topology, work):
-  """Traced for a GPU's, a TPU's or this CPU's devices (`model.cpu_kernels='auto'`): the hash, bernoulli's word per
-  element, or the CPU's threefry evaluation per four elements."""
+  """The kernels of a GPU's, a TPU's or this CPU's devices (`model.cpu_kernels='auto'`) draw the hash,
+  bernoulli's word per element, or the CPU's threefry evaluation per four elements."""
   devices = jax.devices()[:1] if topology is None else topologies.topology_devices(topology)[:1]
+  kernels = ModelConfig(platform=sharding.devices_platform(devices)).kernels
   key = jax.random.key(2)
-  with jax.set_mesh(helpers.data_mesh(devices)):
-    traced = jax.jit(lambda key: dropout_masks.keep_mask(key, 0.8, (6, 40), 'auto')).trace(key).jaxpr
+  traced = jax.jit(lambda key: dropout_masks.keep_mask(key, 0.8, (6, 40), kernels)).trace(key).jaxpr
   assert _random_work(traced.jaxpr) == work
-  if topology != 'v4-8':  # bernoulli's jaxpr holds the TPU's shardings: it runs on those devices only
-    mask = {None: dropout_masks.sixteen_bit_keep, 'h100-1': dropout_masks.hashed_keep}[topology](key, 0.8, (6, 40))
-    np.testing.assert_array_equal(jax.core.eval_jaxpr(traced.jaxpr, traced.consts, key)[0], mask)
+  mask = {None: dropout_masks.sixteen_bit_keep, 'h100-1': dropout_masks.hashed_keep,
+          'v4-8': lambda *a: jax.random.bernoulli(*a)}[topology](key, 0.8, (6, 40))
+  np.testing.assert_array_equal(jax.core.eval_jaxpr(traced.jaxpr, traced.consts, key)[0], mask)
+
+

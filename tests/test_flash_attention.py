@@ -17,7 +17,6 @@ from transformer_jax.kernels import attention_masks
 from transformer_jax.model import attention
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.runtime import pallas_mode
-from transformer_jax.runtime import sharding
 
 # Lengths not a multiple of any kernel block, so the wrappers' padding is exercised.
 CASES = {
@@ -67,7 +66,8 @@ def _case(name, seed=0, batch=2, heads=2, d_k=8):
 
 def _output_and_grads(implementation, q, k, v, spec, cotangent):
   def run(q, k, v, spec):
-    out, vjp = jax.vjp(lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation), q, k, v)
+    kernels = helpers.kernels(implementation)
+    out, vjp = jax.vjp(lambda q, k, v: attention.attend(q, k, v, spec, kernels=kernels), q, k, v)
     return out, vjp(cotangent)
 
   return jax.jit(run)(q, k, v, spec)
@@ -75,7 +75,7 @@ def _output_and_grads(implementation, q, k, v, spec, cotangent):
 
 def _runs_a_kernel(implementation, q, k, v, spec) -> bool:
   """Whether the implementation runs a Pallas kernel when the spec is traced too (as through jit or remat)."""
-  run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation=implementation)
+  run = lambda q, k, v, spec: attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation))
   return 'pallas_call' in str(jax.make_jaxpr(run)(q, k, v, spec))
 
 
@@ -86,12 +86,12 @@ def test_kernel_matches_reference(implementation, case):
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape[:3] + v.shape[-1:]), jnp.float32)
   expected = _output_and_grads('reference', q, k, v, spec, cotangent)
   with pallas_mode.interpret_kernels():
-    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
+    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, kernels=helpers.kernels(implementation)))(q, k, v, spec))
     assert 'pallas_call' in jaxpr
     jitted_out, grads = _output_and_grads(implementation, q, k, v, spec, cotangent)
     # Also op by op: there jax's splash kernel gives fully masked rows uniform weights (jitted, XLA happens to give
     # 0), which `any_key` zeroes; our kernels give them zeros themselves.
-    eager_out = attention.attend(q, k, v, spec, implementation=implementation)
+    eager_out = attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation))
   no_key = ~np.asarray(attention_masks.full_mask(spec)).any(axis=-1)[:, 0]
   assert no_key.any()
   for out in (jitted_out, eager_out):
@@ -107,11 +107,11 @@ def test_kernel_runs_per_device_block_on_a_mesh(implementation):
   """Under a data × tensor mesh each device runs the kernel on its rows and heads (shard_map), same result."""
   q, k, v, spec = _case('packed_causal')
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
-  expected = attention.attend(q, k, v, spec, implementation='reference')
+  expected = attention.attend(q, k, v, spec, kernels=helpers.kernels('reference'))
   with pallas_mode.interpret_kernels(), jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
-    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec))
+    jaxpr = str(jax.make_jaxpr(lambda *a: attention.attend(*a, kernels=helpers.kernels(implementation)))(q, k, v, spec))
     assert 'shard_map' in jaxpr and 'pallas_call' in jaxpr
-    out = jax.jit(lambda *a: attention.attend(*a, implementation=implementation))(q, k, v, spec)
+    out = jax.jit(lambda *a: attention.attend(*a, kernels=helpers.kernels(implementation)))(q, k, v, spec)
   np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
 
 
@@ -133,7 +133,8 @@ def test_flash_gpu_reads_a_stack_of_projections_in_place(case, on_mesh):
   def run(implementation):
     def attend(q, stack):
       q = stack[:, :, 2] if self_attention else q
-      return attention.attend(q, stack[:, :, 0], stack[:, :, 1], spec, implementation=implementation, stacked=stack)
+      return attention.attend(q, stack[:, :, 0], stack[:, :, 1], spec, kernels=helpers.kernels(implementation),
+                              stacked=stack)
 
     def output_and_grads(q, stack):
       out, vjp = jax.vjp(attend, q, stack)
@@ -162,7 +163,7 @@ def test_flash_gpu_reads_a_stack_of_projections_in_place(case, on_mesh):
 
 def _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng):
   def run(q, k, v, spec):
-    attend = lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.3,
+    attend = lambda q, k, v: attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation), dropout_rate=0.3,
                                               dropout_rng=rng)
     out, vjp = jax.vjp(attend, q, k, v)
     return out, vjp(cotangent)
@@ -182,8 +183,8 @@ def test_kernel_with_dropout_matches_reference(implementation, case):
   rng = jax.random.key(7)
   expected = _dropout_output_and_grads('reference', q, k, v, spec, cotangent, rng)
   with pallas_mode.interpret_kernels():
-    run = lambda q, k, v, spec: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.3,
-                                                 dropout_rng=rng)
+    run = lambda q, k, v, spec: attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation),
+                                                 dropout_rate=0.3, dropout_rng=rng)
     assert DROPOUT_KERNELS[implementation] in str(jax.make_jaxpr(run)(q, k, v, spec))
     out, grads = _dropout_output_and_grads(implementation, q, k, v, spec, cotangent, rng)
   assert not np.allclose(out, _output_and_grads('reference', q, k, v, spec, cotangent)[0])  # dropout did something
@@ -200,7 +201,7 @@ def test_kernel_with_dropout_draws_the_same_bits_on_every_device_block(implement
   q, k, v, spec = _case('packed_causal')
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), mesh_section.MESH_AXES)
   rng = jax.random.key(8)
-  attend = lambda *a: attention.attend(*a, implementation=implementation, dropout_rate=0.3, dropout_rng=rng)
+  attend = lambda *a: attention.attend(*a, kernels=helpers.kernels(implementation), dropout_rate=0.3, dropout_rng=rng)
   with pallas_mode.interpret_kernels():
     expected = attend(q, k, v, spec)
     with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_section.DEFAULT_RULES):
@@ -215,15 +216,15 @@ def test_cached_decoding_falls_back_to_reference():
                                   causal=True, q_offset=jnp.int32(3))
   for implementation in ('flash_tpu', 'flash_gpu'):
     assert not _runs_a_kernel(implementation, q, k, v, spec)
-    np.testing.assert_array_equal(attention.attend(q, k, v, spec, implementation=implementation),
-                                  attention.attend(q, k, v, spec, implementation='reference'))
+    np.testing.assert_array_equal(attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation)),
+                                  attention.attend(q, k, v, spec, kernels=helpers.kernels('reference')))
 
 
 @pytest.mark.parametrize('implementation,platform', [('flash_tpu', 'TPU'), ('flash_gpu', 'GPU')])
 def test_a_kernel_on_a_cpu_without_interpret_mode_is_one_line_naming_the_choices(implementation, platform):
   q, k, v, spec = _case('padding')
   with pytest.raises(ValueError) as error:
-    attention.attend(q, k, v, spec, implementation=implementation)
+    attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation, 'cpu'))
   assert str(error.value) == (
       f"model.attention='{implementation}' is a {platform} kernel, and this step is compiled for CPU devices: set "
       "model.attention='auto' (the fastest this platform has) or one of ('reference', 'dot_product', 'chunked').")
@@ -251,7 +252,7 @@ def _packed_batch():
 
 
 @pytest.mark.parametrize('implementation,platform', [('flash_tpu', 'cpu'), ('flash_gpu', 'cpu'), ('flash_gpu', 'gpu')])
-def test_model_with_kernels_matches_reference_on_packed_rows(monkeypatch, implementation, platform):
+def test_model_with_kernels_matches_reference_on_packed_rows(implementation, platform):
   """The whole model (remat on, so the mask spec is traced as in training) runs the kernel (its self-attention
   specs say that queries and keys match: `MaskSpec.self_attention`; flash_gpu's cross-attention runs our Triton
   kernels): same logits and gradients as the reference. Compiled for a GPU, the projections are fused and the
@@ -261,20 +262,19 @@ def test_model_with_kernels_matches_reference_on_packed_rows(monkeypatch, implem
                        num_decoder_layers=1, dropout=0.0, max_len=64, remat='full')
   params = nn.unbox(Transformer(config).init(jax.random.key(0), batch['inputs'], batch['targets'])['params'])
 
-  def logits_and_grads(attention_impl):
-    model = Transformer(config.replace(attention=attention_impl))
+  def logits_and_grads(attention_impl, platform='cpu'):
+    model = Transformer(config.replace(attention=attention_impl, platform=platform))
     loss = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, **batch)))
     return jax.jit(lambda p: (model.apply({'params': p}, **batch), jax.grad(loss)(p)))(params)
 
   expected = logits_and_grads('reference')  # XLA's ops on this CPU
-  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
   with pallas_mode.interpret_kernels():
-    model = Transformer(config.replace(attention=implementation))
+    model = Transformer(config.replace(attention=implementation, platform=platform))
     jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, **batch))(params)
     assert 'pallas_call' in str(jaxpr) and (implementation == 'flash_tpu' or 'attention_gpu_fwd' in str(jaxpr))
     stacks = [x.aval.shape[2] for eqn in _kernels(jaxpr) for x in eqn.invars[1:3] if x.aval.ndim == 5]
     assert stacks == ([3, 3, 3, 3, 2] if platform == 'gpu' else [])  # q, k of self-attention x 2, k of cross
-    got = logits_and_grads(implementation)
+    got = logits_and_grads(implementation, platform)
   np.testing.assert_allclose(got[0], expected[0], atol=1e-4, rtol=1e-4)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):
     np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
@@ -296,7 +296,7 @@ def test_causal_tpu_dropout_kernel_costs_only_the_tiles_it_computes():
   """flash_tpu's kernel skips the causal tiles above the diagonal, and its cost estimate counts the rest: 15 of 25
   tiles of 128 × 128 for 600 (padded to 640) queries and keys."""
   q, k, v, spec = _case('many_key_blocks')
-  run = lambda: attention.attend(q, k, v, spec, implementation='flash_tpu', dropout_rate=0.1,
+  run = lambda: attention.attend(q, k, v, spec, kernels=helpers.kernels('flash_tpu'), dropout_rate=0.1,
                                  dropout_rng=jax.random.key(0))
   def pallas_calls(jaxpr):
     for eqn in jaxpr.eqns:

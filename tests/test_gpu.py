@@ -44,10 +44,12 @@ def test_cudnn_fused_attention_agrees_with_the_reference():
   valid = jnp.asarray(np.arange(length)[None] < lengths[:, None])
   for causal in (False, True):
     spec = attention_masks.MaskSpec(q_valid=valid, kv_valid=valid, causal=causal)
-    assert attention.serving('auto', spec, q, v, dropout=False) == 'dot_product'  # auto takes cuDNN here
-    fused = jax.jit(lambda a, b, c, s=spec: attention.attend(a, b, c, s, implementation='dot_product'))
+    # auto takes cuDNN here
+    assert attention.serving(helpers.kernels('auto', 'gpu'), spec, q, v, dropout=False) == 'dot_product'
+    fused = jax.jit(lambda a, b, c, s=spec: attention.attend(a, b, c, s, kernels=helpers.kernels('dot_product', 'gpu')))
     assert 'cudnn' in fused.lower(q, k, v).compile().as_text().lower()  # the fused kernel, not XLA's path
-    reference = attention.attend(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), spec)
+    reference = attention.attend(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), spec,
+                                 kernels=helpers.kernels('reference', 'gpu'))
     out = fused(q, k, v).astype(jnp.float32)
     rows = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(reference)[rows], atol=3e-2, rtol=3e-2)
@@ -64,7 +66,8 @@ def test_flash_gpu_self_attention_agrees_in_bf16_at_any_head_dim(head_dim):
   cotangent = jnp.asarray(rng.normal(size=(4, 32, 2, head_dim)), jnp.float32) * valid[:, :, None, None]
 
   def run(implementation, *qkv):
-    out, vjp = jax.vjp(lambda *x: attention.attend(*x, spec, implementation=implementation).astype(jnp.float32), *qkv)
+    kernels = helpers.kernels(implementation, 'gpu')
+    out, vjp = jax.vjp(lambda *x: attention.attend(*x, spec, kernels=kernels).astype(jnp.float32), *qkv)
     return out, *vjp(cotangent)
 
   assert 'attention_gpu_fwd' in str(jax.make_jaxpr(lambda: run('flash_gpu', q, k, v))())
@@ -91,8 +94,8 @@ def test_triton_dropout_kernels_agree_with_the_reference():
     cotangent = jnp.asarray(rng.normal(size=(2, 100, 4, d_v)), jnp.float32)
 
     def run(implementation, spec=spec):
-      attend = lambda q, k, v: attention.attend(q, k, v, spec, implementation=implementation, dropout_rate=0.2,
-                                                dropout_rng=jax.random.key(3))
+      attend = lambda q, k, v: attention.attend(q, k, v, spec, kernels=helpers.kernels(implementation, 'gpu'),
+                                                dropout_rate=0.2, dropout_rng=jax.random.key(3))
       out, vjp = jax.vjp(attend, q, k, v)
       return out, *vjp(cotangent)
 
@@ -119,7 +122,7 @@ def test_flash_gpu_reads_a_stack_of_projections_compiled_by_triton():
     def run(implementation, spec=spec, n=n):
       def attend(q, stack):
         q = stack[:, :, 2] if n == 3 else q
-        return attention.attend(q, stack[:, :, 0], stack[:, :, 1], spec, implementation=implementation,
+        return attention.attend(q, stack[:, :, 0], stack[:, :, 1], spec, kernels=helpers.kernels(implementation, 'gpu'),
                                 dropout_rate=0.2, dropout_rng=jax.random.key(3), stacked=stack)
       out, vjp = jax.vjp(attend, q, stack)
       return out, *vjp(cotangent)
@@ -164,7 +167,7 @@ def test_loss_kernel_compiled_by_triton_agrees_with_xlas_loss():
 
   def run(bias):
     def train(h, w):
-      sums = loss.token_sums(h, w, bias, targets, 0.1, 32)
+      sums = loss.token_sums(h, w, bias, targets, 0.1, 32, helpers.kernels('auto', 'gpu'))
       return sums['loss'], sums
 
     step = jax.jit(jax.grad(train, argnums=(0, 1), has_aux=True))
@@ -185,7 +188,7 @@ def test_bf16_train_step_follows_the_float32_step():
   for dtype in ('float32', 'bfloat16'):
     config = helpers.tiny_config(model__dtype=dtype, model__dropout=0.0)
     mesh, rules = helpers.one_device_mesh(config)
-    model, tx, schedule = steps.training_objects(config)
+    model, tx, schedule = steps.training_objects(config, 'gpu')
     state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules, shard_optimizer=True)
     step = steps.jit_train_step(model, tx, schedule, config.train, shardings, mesh, donate=False)
     batch = sharding.place_batch(helpers.synthetic_batches(1, 8, 32)[0], mesh)

@@ -20,7 +20,8 @@ from transformer_jax.config.model import ModelConfig
 from transformer_jax.model import loss
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.runtime import pallas_mode
-from transformer_jax.runtime import sharding
+
+GPU = helpers.kernels('auto', 'gpu')  # a GPU's loss path, run here on the CPU
 
 RTOL = 1e-5
 
@@ -53,8 +54,8 @@ def _inputs(seed=0, batch=3, length=11, d=8, vocab=29):
 @pytest.mark.parametrize('chunk_length', [4, 11, 64])  # uneven chunks, one exact chunk, one chunk past the length
 @pytest.mark.parametrize('with_bias', [False, True])  # a logits bias (imported MarianMT models)
 @pytest.mark.parametrize('platform', ['cpu', 'gpu'])  # a GPU's gold logits come from the gold tokens' weights
-def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias, platform, monkeypatch):
-  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)  # the GPU's computation, run on this CPU
+def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias, platform):
+  kernels = helpers.kernels(platform=platform)  # a GPU's computation runs on this CPU
   hidden, weights, targets = _inputs()
   bias = jnp.asarray(np.random.default_rng(5).normal(size=weights.shape[0]), jnp.float32)
 
@@ -62,7 +63,7 @@ def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_leng
     loss_sum, nll_sum, correct = sums_fn(h, w, b if with_bias else None)
     return loss_sum + 0.3 * nll_sum, (loss_sum, nll_sum, correct)
 
-  chunked = lambda h, w, b: tuple(loss.token_sums(h, w, b, targets, smoothing, chunk_length)[k]
+  chunked = lambda h, w, b: tuple(loss.token_sums(h, w, b, targets, smoothing, chunk_length, kernels)[k]
                                   for k in ('loss', 'nll', 'correct'))
   whole = lambda h, w, b: _reference_sums(jnp.einsum('bld,vd->blv', h, w) + (0 if b is None else b), targets,
                                           smoothing)
@@ -77,7 +78,7 @@ def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_leng
   assert (float(jnp.max(jnp.abs(ours_grads[2]))) > 0) == with_bias  # no bias: none gets a gradient
   ours_h, ref_h = ours_grads[0], ref_grads[0]
   assert float(jnp.max(jnp.abs(ref_h[0, -4:]))) == 0.0 and float(jnp.max(jnp.abs(ours_h[0, -4:]))) == 0.0  # pads
-  assert float(loss.token_sums(hidden, weights, None, targets, smoothing, chunk_length)['tokens']) == int(
+  assert float(loss.token_sums(hidden, weights, None, targets, smoothing, chunk_length, kernels)['tokens']) == int(
       jnp.sum(targets > 0))
 
 
@@ -88,7 +89,8 @@ def test_on_a_gpu_the_forward_pass_reads_the_logits_in_one_reduction_alone(with_
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
   with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('h100-1'))):
-    jaxpr = jax.jit(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss']).trace(hidden, weights).jaxpr
+    jaxpr = jax.jit(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64, GPU)['loss']).trace(hidden,
+                                                                                                  weights).jaxpr
   vocab = weights.shape[0]
   over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab
   eqns = list(helpers.equations(jaxpr.jaxpr))
@@ -103,7 +105,7 @@ def test_on_a_gpu_the_gradient_pass_reads_the_logits_in_one_kernel_alone(with_bi
   # the gradient: no reduction of XLA's reads them. With a logits bias, XLA's reduction and gradient pass instead.
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
-  train = jax.grad(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64)['loss'], argnums=(0, 1))
+  train = jax.grad(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64, GPU)['loss'], argnums=(0, 1))
   with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('h100-1'))):
     jaxpr = jax.jit(train).trace(hidden, weights).jaxpr
   vocab = weights.shape[0]
@@ -128,21 +130,21 @@ def test_the_one_pass_log_sum_exp_is_the_two_pass_one():
   assert np.all(np.isfinite(loss._lse_combine(loss._LSE_START, loss._LSE_START)))
 
 
-def test_bfloat16_gold_logits_are_rounded_as_the_logits_are(monkeypatch):
+def test_bfloat16_gold_logits_are_rounded_as_the_logits_are():
   """On a GPU the gold logit from the gold tokens' weights is rounded to the logits' dtype, so a gold token whose
   logit is the (rounded) maximum counts as correct, as with the logits' own."""
-  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')  # the GPU's computation, run on this CPU
   hidden, weights, targets = (x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x for x in _inputs(seed=3))
   logits = jnp.einsum('bld,vd->blv', hidden, weights)  # bfloat16, as the chunks' are
   targets = jnp.where(targets > 0, jnp.argmax(logits, axis=-1), 0)  # every gold logit a maximum, most rounded
-  got = loss.token_sums(hidden, weights, None, targets, 0.1, 4)['correct']
+  got = loss.token_sums(hidden, weights, None, targets, 0.1, 4, GPU)['correct']  # a GPU's computation, here
   assert float(got) == float(jnp.sum(targets > 0))
 
 
 def test_the_loss_alone_differentiates_as_the_formula():
   """Only the loss differentiated (as the train step does): the NLL's cotangent is a symbolic zero."""
   hidden, weights, targets = _inputs(seed=1)
-  ours = jax.grad(lambda h, w: loss.token_sums(h, w, None, targets, 0.1, 5)['loss'], argnums=(0, 1))(hidden, weights)
+  ours = jax.grad(lambda h, w: loss.token_sums(h, w, None, targets, 0.1, 5, helpers.kernels())['loss'],
+                  argnums=(0, 1))(hidden, weights)
   ref = jax.grad(lambda h, w: _reference_sums(jnp.einsum('bld,vd->blv', h, w), targets, 0.1)[0],
                  argnums=(0, 1))(hidden, weights)
   for a, b in zip(ours, ref):
@@ -167,7 +169,7 @@ def test_model_loss_and_parameter_gradients_equal_those_through_the_logits(share
 
   def chunked(p):
     hidden, weights, bias = model.apply({'params': p}, inputs, targets, return_hidden=True)
-    return loss.token_sums(hidden, weights, bias, targets, 0.1, cfg.loss_chunk_length)['loss']
+    return loss.token_sums(hidden, weights, bias, targets, 0.1, cfg.loss_chunk_length, cfg.kernels)['loss']
 
   def whole(p):
     return _reference_sums(model.apply({'params': p}, inputs, targets), targets, 0.1)[0]

@@ -13,9 +13,10 @@ from configs import table3
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.core.tokens import BOS_ID
 from transformer_jax.kernels import attention_masks
-from transformer_jax.model.transformer import MultiHeadAttention, Transformer, relu_dropout, shift_right, sinusoidal_encoding
+from transformer_jax.kernels import dropout_masks
+from transformer_jax.kernels import ops
+from transformer_jax.model.transformer import MultiHeadAttention, Transformer, shift_right, sinusoidal_encoding
 from transformer_jax.runtime import pallas_mode
-from transformer_jax.runtime import sharding
 
 TINY = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                    dropout=0.0, max_len=64)
@@ -163,11 +164,10 @@ def test_cached_decoding_equals_full_pass(name):
 
 @pytest.mark.parametrize('platform', ['gpu', 'tpu', 'cpu'])
 @pytest.mark.parametrize('d_v', [None, 16])
-def test_attention_projects_each_input_once_on_a_gpu(monkeypatch, platform, d_v):
+def test_attention_projects_each_input_once_on_a_gpu(platform, d_v):
   # On a GPU, self-attention's queries, keys and values are one matrix product (with d_k != d_v, the values on
   # their own) and cross-attention's keys and values another; elsewhere each projection is its own product.
-  monkeypatch.setattr(sharding, 'target_platform', lambda: platform)
-  cfg = TINY.replace(d_k=8, d_v=d_v or 8, attention='reference', cpu_kernels='off')
+  cfg = TINY.replace(d_k=8, d_v=d_v or 8, attention='reference', cpu_kernels='off', platform=platform)
   x, memory = jnp.ones((2, 5, cfg.d_model)), jnp.ones((2, 7, cfg.d_model))
   spec = attention_masks.MaskSpec(q_valid=jnp.ones((2, 5), bool), kv_valid=jnp.ones((2, 7), bool), causal=False)
   self_spec = attention_masks.MaskSpec(q_valid=spec.q_valid, kv_valid=spec.q_valid, causal=True)
@@ -190,19 +190,17 @@ def test_attention_projects_each_input_once_on_a_gpu(monkeypatch, platform, d_v)
     assert projection_products(True, memory, spec) == [(), (), ()]
 
 
-def test_fused_projections_equal_separate_ones(monkeypatch):
+def test_fused_projections_equal_separate_ones():
   cfg = TINY.replace(attention='reference', cpu_kernels='off', attention_bias=True)
   inputs, targets = _tokens(0, (3, 7), [7, 5, 2]), _tokens(1, (3, 9), [9, 4, 6])
   model, params = _init(cfg, inputs, targets)
-  # A new function for each trace: jax caches traces by function, and the platform is read while tracing.
-  apply = lambda: lambda p: model.module.apply({'params': p}, inputs, targets)
-  separate = jax.jit(apply())(params)
-  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
+  apply = lambda config: lambda p: Transformer(config).apply({'params': p}, inputs, targets)
+  separate = jax.jit(apply(cfg))(params)
   with pallas_mode.interpret_kernels():  # the residual blocks' kernels, which a GPU runs too
-    eqns = list(helpers.equations(jax.make_jaxpr(apply())(params).jaxpr))
+    eqns = list(helpers.equations(jax.make_jaxpr(apply(cfg.replace(platform='gpu')))(params).jaxpr))
     kernels = [eqn.invars[1].aval.shape for eqn in eqns if eqn.primitive.name == 'dot_general']
     assert (cfg.d_model, 3, cfg.num_heads, cfg.d_model // cfg.num_heads) in kernels  # q, k and v: one product
-    fused = jax.jit(apply())(params)
+    fused = jax.jit(apply(cfg.replace(platform='gpu')))(params)
   np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-6)
 
 
@@ -259,9 +257,10 @@ def test_relu_dropout_keeps_only_its_output_for_the_backward_pass(with_mask):
   """The FFN's ReLU + dropout: the values and gradients of max(0, h) with the mask (without one: no dropout, or
   a deterministic pass, whose gradient is unscaled whatever `keep` says), from the output alone."""
   h = jax.random.normal(jax.random.key(0), (4, 8, 16)).at[0, 0, :4].set(0.0)  # ReLU's kink too
-  mask, keep = jax.random.bernoulli(jax.random.key(1), 0.7, h.shape), 0.7
+  key, keep, kernels = jax.random.key(1), 0.7, helpers.kernels()
+  mask = dropout_masks.keep_mask(key, keep, h.shape, kernels)
   plain = (lambda h: jnp.where(mask, jax.nn.relu(h) / keep, 0)) if with_mask else jax.nn.relu  # autodiff's
-  ours = lambda h: relu_dropout(h, mask if with_mask else None, keep)
+  ours = lambda h: ops.relu_dropout(h, key if with_mask else None, keep, kernels)
   dy = jax.random.normal(jax.random.key(2), h.shape)
   both = lambda f: jax.jit(lambda h, dy: (f(h), jax.vjp(f, h)[1](dy)))(h, dy)  # compiled, as in the train step
   for got, want in zip(jax.tree.leaves(both(ours)), jax.tree.leaves(both(plain))):

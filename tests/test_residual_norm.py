@@ -18,7 +18,6 @@ from transformer_jax.kernels import dropout_masks
 from transformer_jax.kernels.gpu import residual_norm
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.runtime import pallas_mode
-from transformer_jax.runtime import sharding
 
 
 @pytest.mark.parametrize('dtype,out_dtype,keep,shape,on_mesh', [
@@ -73,7 +72,7 @@ def test_kernels_equal_xlas_layer_norm_of_the_dropped_residual(dtype, out_dtype,
 
 
 @pytest.mark.parametrize('d_model, kernel', [(32, True), (48, True), (32, False)])
-def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeypatch, d_model, kernel):
+def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(d_model, kernel):
   """On a GPU a post-LN model's residual blocks run the kernels where d_model is a power of two (else XLA's
   ops) unless `model.residual_norm_kernel` is off, with LayerNorm's parameters: the same logits and gradients as
   XLA's path."""
@@ -81,19 +80,19 @@ def test_the_model_runs_the_kernels_on_a_gpu_with_layer_norms_parameters(monkeyp
                        num_decoder_layers=1, dropout=0.0, max_len=64, attention='reference', cpu_kernels='off',
                        residual_norm_kernel=kernel)
   inputs, targets = helpers.tokens(0, (2, 7), [7, 5]), helpers.tokens(1, (2, 9), [9, 4])
-  model = Transformer(config)
-  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)['params'])
-  loss = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, inputs, targets, deterministic=False)))
-  run = lambda: jax.jit(lambda p: (model.apply({'params': p}, inputs, targets), jax.grad(loss)(p)))(params)
-  expected = run()
-  monkeypatch.setattr(sharding, 'target_platform', lambda: 'gpu')
+  cpu_model, gpu_model = Transformer(config), Transformer(config.replace(platform='gpu'))
+  params = nn.unbox(cpu_model.init(jax.random.key(0), inputs, targets)['params'])
+  loss = lambda model: lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, inputs, targets, deterministic=False)))
+  run = lambda model: jax.jit(lambda p: (model.apply({'params': p}, inputs, targets), jax.grad(loss(model))(p)))(
+      params)
+  expected = run(cpu_model)
   with pallas_mode.interpret_kernels():
-    gpu_params = nn.unbox(model.init(jax.random.key(0), inputs, targets)['params'])
+    gpu_params = nn.unbox(gpu_model.init(jax.random.key(0), inputs, targets)['params'])
     assert jax.tree.structure(gpu_params) == jax.tree.structure(params)
-    kernels = [eqn.params['name'] for eqn in helpers.equations(jax.make_jaxpr(loss)(params).jaxpr)
+    kernels = [eqn.params['name'] for eqn in helpers.equations(jax.make_jaxpr(loss(gpu_model))(params).jaxpr)
                if eqn.primitive.name == 'pallas_call']
     assert kernels == (['residual_norm_fwd'] * 5 if d_model == 32 and kernel else [])  # 2 encoder, 3 decoder blocks
-    got = run()
+    got = run(gpu_model)
   np.testing.assert_allclose(got[0], expected[0], atol=1e-5, rtol=1e-5)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))

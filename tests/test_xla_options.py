@@ -13,7 +13,7 @@ def test_the_train_step_is_compiled_with_its_platforms_options(monkeypatch, tmp_
   monkeypatch.setitem(xla_options._BY_PLATFORM, 'cpu', {'xla_dump_to': str(tmp_path)})
   config = helpers.tiny_config()
   mesh, rules = helpers.one_device_mesh(config)
-  model, tx, schedule = steps.training_objects(config)
+  model, tx, schedule = steps.training_objects(config, sharding.mesh_platform(mesh))
   state, shardings = steps.create_sharded_state(model, tx, 0, (1, 8), mesh, rules, shard_optimizer=False)
   step = helpers.jitted_train_step(config, model, tx, schedule, shardings, mesh)
   batch = sharding.place_batch(helpers.synthetic_batches(1, 8, 32)[0], mesh)

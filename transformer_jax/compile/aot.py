@@ -23,6 +23,7 @@ from transformer_jax.compile import hlo_costs
 from transformer_jax.compile import topologies
 from transformer_jax.compile.topologies import GiB
 from transformer_jax.config import mesh as mesh_section
+from transformer_jax.config.platform import Kernels
 from transformer_jax.core.errors import MissingDependencyError
 from transformer_jax.runtime import concurrent_compiles
 from transformer_jax.runtime import sharding
@@ -255,6 +256,7 @@ class Program:
   mesh: jax.sharding.Mesh
   rules: tuple
   what: str
+  kernels: Kernels  # what the model's named ops run in it (`ModelConfig.kernels`)
 
 
 def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
@@ -269,12 +271,12 @@ def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
     rows, length = next(iter(shapes.values()))
     programs.append(Program(run.train_step, (run.abstract_state, run.abstract_batch(shapes)), groups,
                             metrics_lib.train_flops(run.model.config, rows, length, length), run.mesh, run.rules,
-                            f'train step, batch {rows}×{length}'))
+                            f'train step, batch {rows}×{length}', run.model.config.kernels))
   rows, width = next(iter(run.eval_batch_shape.values()))
   programs.append(Program(run.eval_step, (run.eval_members, run.abstract_batch(run.eval_batch_shape)),
                           {'params': run.abstract_state.params},
                           metrics_lib.train_flops(run.model.config, rows, width, width) / 3, run.mesh, run.rules,
-                          f'eval step, batch {rows}×{width}'))
+                          f'eval step, batch {rows}×{width}', run.model.config.kernels))
   return programs
 
 
@@ -315,11 +317,10 @@ def compile_program(program: Program, compiler_options: dict | None = None):
     return _lowered(program).compile(compiler_options)
 
 
-def compile_run(config: ml_collections.ConfigDict, topology: str) -> Iterator[tuple[str, Analysis]]:
-  """Every program a run of `config` compiles (`run_programs`), compiled for `topology` and each given as soon as it
-  is compiled; for train.py's --compile_only. The longest train step compiles first, alone, and the others as many
-  at once as the memory its compile took allows (`concurrent_compiles`), as the trainer compiles its batch shapes."""
-  programs = run_programs(config, topologies.topology_devices(topology))
+def compile_run(programs: list[Program], topology: str) -> Iterator[tuple[str, Analysis]]:
+  """Every program of a run (`run_programs` for `topology`'s devices), compiled and each given as soon as it is
+  compiled; for train.py's --compile_only. The longest train step compiles first, alone, and the others as many at
+  once as the memory its compile took allows (`concurrent_compiles`), as the trainer compiles its batch shapes."""
   first = _longest_train_step(programs)
   ordered = [first] + [p for p in programs if p is not first]
   with compiling_for(first.mesh.devices.flat):

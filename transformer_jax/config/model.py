@@ -2,11 +2,14 @@
 computed here only. A leaf: it imports no JAX, so reading a config loads no backend."""
 
 import dataclasses
+import functools
 from typing import Any
 
 import ml_collections
 import ml_dtypes
 import numpy as np
+
+from transformer_jax.config import platform as platform_lib
 
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 POSITIONAL = ('sinusoidal', 'learned')
@@ -16,7 +19,7 @@ NORMS = ('post', 'pre')
 ATTENTIONS = ('auto', 'reference', 'dot_product', 'chunked', 'flash_tpu', 'flash_gpu')  # attention.serving
 REMATS = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16, 'float16': np.float16}
-CPU_KERNELS = ('auto', 'on', 'off')  # 'auto': on when the run's devices are CPUs (kernels/cpu/projections.enabled)
+CPU_KERNELS = ('auto', 'on', 'off')  # 'auto': on when the run's devices are CPUs (config/platform.py)
 # Keys only some choices read: key -> its conditions, each (the dotted key that chooses, the choices that read it);
 # `config.MODE_KEYS`. 'dot_product' runs 'chunked' where it has no attention dropout (`attention.serving`).
 MODE_KEYS = {'attention_chunk_size': (('model.attention', ('chunked', 'dot_product')),),
@@ -50,16 +53,19 @@ class ModelConfig:
   share_embeddings: bool = True  # source, target and pre-softmax weights tied (§3.4)
   norm: str = 'post'
   layer_norm_epsilon: float = 1e-6
-  attention: str = 'auto'  # by the platform compiled for: attention.serving
+  attention: str = 'auto'  # the platform's fastest (config/platform.py); attention.serving falls back per call
   attention_chunk_size: int = 512  # query and key block length of 'chunked'
   loss_chunk_length: int = 128  # positions per chunk of the pre-softmax layer and loss in training (loss.py)
   remat: str = 'none'
   scan_layers: bool = False  # each stack as one nn.scan over stacked parameters: compile time independent of depth
   dtype: str = 'float32'  # compute dtype
   param_dtype: str = 'float32'
-  cpu_kernels: str = 'auto'  # the XLA:CPU backward passes and dropout masks (kernels/cpu/projections.py): see CPU_KERNELS
-  residual_norm_kernel: bool = True  # on a GPU, post-LN blocks of a power-of-two d_model: residual_norm.py's kernels
+  cpu_kernels: str = 'auto'  # XLA:CPU's backward passes and dropout masks (kernels/cpu/projections.py): CPU_KERNELS
+  residual_norm_kernel: bool = True  # on a GPU, post-LN blocks of a power-of-two d_model: kernels/gpu/residual_norm.py
   # (False: XLA's ops, the same values)
+  # Not a config key: the platform the model's steps compile for, which the run builder and restoring set from their
+  # devices; its `kernels` follow from it and the settings above.
+  platform: str = 'cpu'
 
   def __post_init__(self):
     _check_choice('architecture', self.architecture, ARCHITECTURES)
@@ -72,6 +78,7 @@ class ModelConfig:
     _check_choice('dtype', self.dtype, tuple(DTYPES))
     _check_choice('param_dtype', self.param_dtype, tuple(DTYPES))
     _check_choice('cpu_kernels', self.cpu_kernels, CPU_KERNELS)
+    _check_choice('platform', self.platform, platform_lib.PLATFORMS)
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ValueError(
           f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}: '
@@ -98,6 +105,18 @@ class ModelConfig:
       raise ValueError(
           f"model.attention_dropout={self.attention_dropout} needs dropout on attention weights, which "
           "'dot_product' (cuDNN's kernel) has not: use model.attention='auto' or another implementation.")
+
+  @functools.cached_property
+  def kernels(self) -> platform_lib.Kernels:
+    """What the model's named ops run on `platform` (`config/platform.py`)."""
+    return platform_lib.choose(self.platform, attention=self.attention, cpu_kernels=self.cpu_kernels,
+                               residual_norm_kernel=self.residual_norm_kernel)
+
+  def section(self) -> dict:
+    """The `model` section's keys and values (every field but `platform`)."""
+    values = dataclasses.asdict(self)
+    del values['platform']
+    return values
 
   @property
   def decoder_only(self) -> bool:
@@ -137,19 +156,20 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   @classmethod
-  def from_dict(cls, values) -> 'ModelConfig':
-    """Builds from a mapping (e.g. `config.model` of an ml_collections config); unknown keys are errors."""
+  def from_dict(cls, values, platform: str = 'cpu') -> 'ModelConfig':
+    """Builds from a mapping (e.g. `config.model` of an ml_collections config; unknown keys are errors), for steps
+    compiled for `platform`."""
     values = dict(values)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)} - {'platform'}
     unknown = sorted(set(values) - known)
     if unknown:
       raise ValueError(f'unknown model config keys {unknown}; valid keys: {sorted(known)}.')
-    return cls(**values)
+    return cls(**values, platform=platform)
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The `model` section: `ModelConfig`'s fields and defaults (d_k and d_v unset: d_model / num_heads)."""
-  config = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+  config = ml_collections.ConfigDict(ModelConfig().section())
   config.d_k = ml_collections.config_dict.placeholder(int)
   config.d_v = ml_collections.config_dict.placeholder(int)
   config.max_positions = ml_collections.config_dict.placeholder(int)

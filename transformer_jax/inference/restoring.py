@@ -114,7 +114,7 @@ def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Res
   for config, workdir, step in runs:
     _check_same_tokenizer(tok, Workdir(workdir).tokenizer_model)
     tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
-    model = model_lib.make_model(ModelConfig.from_dict(config.model))
+    model = model_lib.make_model(ModelConfig.from_dict(config.model, sharding.mesh_platform(mesh)))
     if members and model.config.decoder_only != members[0].model.config.decoder_only:
       raise ValueError(f'{workdir} holds a {model.config.architecture} model and {first_workdir} a '
                        f'{members[0].model.config.architecture} one: an ensemble\'s members share the architecture.')

@@ -27,7 +27,6 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
 `python -m transformer_jax.export` writes one from a workdir (`__main__.py`).
 """
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -71,7 +70,7 @@ def export_ctranslate2(model_config: ModelConfig, params, tokenizer, out_dir: st
   check_exportable(model_config, quantization, out_dir)
   out_dir = Path(out_dir)
   decode = decode_section.default_config() if decode is None else decode
-  settings = {'model': dataclasses.asdict(model_config), 'decode': dict(decode.items())}
+  settings = {'model': model_config.section(), 'decode': dict(decode.items())}
   if isinstance(tokenizer, (str, os.PathLike)):
     vocabulary, tokenizer_files = spm_vocabulary(tokenizer, model_config.vocab_size), {SPM_FILE: str(tokenizer)}
   else:

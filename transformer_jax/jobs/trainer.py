@@ -1,8 +1,9 @@
 """The training loop, in labelled sections: the run, input, checkpoints and state, jitted steps, loop.
 
 The run's compiled parts (mesh, model, optimizer, state shardings, steps, batch shapes) come from
-`run_builder.build`, as `--compile_only` builds them; the math is in `steps.py`; numbers go through `reporting.TrainReport`; stop requests through `preemption`;
-teacher-forced evaluation through `scoring`; the run directory's layout through `workdir.Workdir`.
+`run_builder.build`, as `--compile_only` builds them; the math is in `training/steps.py`; numbers go through
+`reporting.TrainReport`; stop requests through `preemption`; teacher-forced evaluation through `scoring`; the run
+directory's layout through `workdir.Workdir`.
 """
 
 import collections
@@ -113,6 +114,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   # jitted steps and batch shapes
   run = run_builder.build(config)
   mesh, model, train_cfg = run.mesh, run.model, config.train
+  logging.info('%s', model.config.kernels.describe())
 
   # --- input: sentence pairs, or documents for a decoder-only model
   documents = model.config.decoder_only

@@ -1,8 +1,8 @@
 """Interchangeable attention implementations behind one signature (`attend`), in one table (`IMPLEMENTATIONS`):
 `reference`, `dot_product` and `chunked` (XLA) and the accelerators' flash kernels (`flash_tpu`, `flash_gpu`). Each
 returns zeros for a query that may attend to nothing. `serving` is the one rule that says which implementation
-serves a call: `auto` chooses by the platform the step is compiled for, and a choice that cannot serve a call
-(cached decoding, d_k != d_v, attention dropout in a kernel without it) falls back to one that can.
+serves a call: the model's kernels name one (`Kernels.attention`, for `auto` the platform's fastest), and where it
+cannot serve a call (cached decoding, d_k != d_v, attention dropout in a kernel without it) one that can does.
 """
 
 import math
@@ -10,14 +10,15 @@ import math
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.config.platform import FLASH_KERNELS
+from transformer_jax.config.platform import Kernels
 from transformer_jax.kernels import attention_masks
 from transformer_jax.kernels import dropout_masks
+from transformer_jax.kernels import ops
 from transformer_jax.kernels.attention_masks import NEG
-from transformer_jax.kernels.cpu import projections as cpu_projections
 from transformer_jax.kernels.gpu import flash_attention as flash_gpu
 from transformer_jax.kernels.tpu import flash_attention as flash_tpu
 from transformer_jax.runtime import pallas_mode
-from transformer_jax.runtime import sharding
 
 
 def dropout_scale(seeds, rate: float, q_start, k_start, shape) -> jax.Array:
@@ -32,9 +33,10 @@ def dropout_scale(seeds, rate: float, q_start, k_start, shape) -> jax.Array:
   return keep.astype(jnp.float32) / (1.0 - rate)
 
 
-def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None, return_weights=False):
+def reference_attention(q, k, v, spec, *, kernels: Kernels, dropout_rate=0.0, dropout_seeds=None,
+                        return_weights=False):
   """softmax(QK^T/sqrt(d_k))V with einsums, softmax in float32 (§3.2.1); optionally returns the weights."""
-  scores = cpu_projections.einsum_f32('bqhd,bkhd->bhqk', q, k)
+  scores = ops.einsum_f32('bqhd,bkhd->bhqk', q, k, kernels)
   scores = scores / math.sqrt(q.shape[-1])
   mask = attention_masks.full_mask(spec)
   scores = jnp.where(mask, scores, NEG)
@@ -45,13 +47,13 @@ def reference_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None, 
   return (out, weights) if return_weights else out
 
 
-def dot_product_attention(q, k, v, spec):
-  """`jax.nn.dot_product_attention`: cuDNN's fused kernel on GPU where the mask allows it, else XLA.
+def dot_product_attention(q, k, v, spec, *, kernels: Kernels):
+  """`jax.nn.dot_product_attention`: cuDNN's fused kernel on a GPU where the mask allows it, else XLA.
 
   cuDNN takes only sequence lengths and causality (right-padded rows), so packed segments or a
   cached-prefix offset go through XLA with the full boolean mask, which honours every mask form.
   """
-  if _cudnn_applicable(q, spec):
+  if _cudnn_applicable(q, spec, kernels):
     return jax.nn.dot_product_attention(
         q, k, v, is_causal=spec.causal,
         query_seq_lengths=jnp.sum(spec.q_valid, axis=1, dtype=jnp.int32),
@@ -61,14 +63,14 @@ def dot_product_attention(q, k, v, spec):
   return out * attention_masks.any_key(spec, out.dtype)  # the same mask, built once by XLA's CSE
 
 
-def _cudnn_applicable(q, spec) -> bool:
-  return (sharding.target_platform() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16)
+def _cudnn_applicable(q, spec, kernels: Kernels) -> bool:
+  return (kernels.cudnn_attention and q.dtype in (jnp.bfloat16, jnp.float16)
           and not spec.has_segments and not spec.has_offset
           and (not spec.causal or q.shape[1] == spec.kv_valid.shape[1]) and q.shape[-1] % 8 == 0
           and q.shape[-1] <= 128)
 
 
-def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropout_seeds=None):
+def chunked_attention(q, k, v, spec, *, kernels: Kernels, chunk_size=512, dropout_rate=0.0, dropout_seeds=None):
   """Memory-efficient attention: query blocks (rematerialised in the backward pass) × an online softmax
   over key blocks, so peak memory grows with chunk_size × length instead of length². Attention dropout is drawn
   block by block (`dropout_scale`, the full matrix's bits) and applied to the weights' numerator.
@@ -90,7 +92,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
       m, l, acc = carry
       k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, ck, axis=1)
       v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, ck, axis=1)
-      s = cpu_projections.einsum_f32('bqhd,bkhd->bhqk', q_blk, k_blk) * scale
+      s = ops.einsum_f32('bqhd,bkhd->bhqk', q_blk, k_blk, kernels) * scale
       mask = attention_masks.mask_block(spec, q_start, cq, k_start, ck)
       s = jnp.where(mask, s, NEG)
       m_new = jnp.maximum(m, s.max(axis=-1))
@@ -99,7 +101,7 @@ def chunked_attention(q, k, v, spec, *, chunk_size=512, dropout_rate=0.0, dropou
       l = l * correction + p.sum(axis=-1)
       if dropping:
         p = p * dropout_scale(dropout_seeds, dropout_rate, q_start, k_start, p.shape)
-      pv = cpu_projections.einsum_f32('bhqk,bkhd->bqhd', p.astype(v.dtype), v_blk)
+      pv = ops.einsum_f32('bhqk,bkhd->bqhd', p.astype(v.dtype), v_blk, kernels)
       acc = acc * jnp.swapaxes(correction, 1, 2)[..., None] + pv
       return (m_new, l, acc), None
 
@@ -139,46 +141,39 @@ IMPLEMENTATIONS = {
     'flash_gpu': flash_gpu.flash_gpu_attention,
 }
 _DROPOUT = ('reference', 'chunked', 'flash_tpu', 'flash_gpu')  # the implementations with attention dropout
-_AUTO = {'tpu': 'flash_tpu', 'gpu': 'flash_gpu', 'cuda': 'flash_gpu', 'rocm': 'flash_gpu'}  # else 'reference'
+_XLA = ('reference', 'dot_product', 'chunked')  # the implementations written with XLA's ops (they take the kernels)
 
 
-def serving(implementation: str, spec: attention_masks.MaskSpec, q, v, dropout: bool) -> str:
-  """The implementation that serves this call of `implementation` ('auto' or a name of IMPLEMENTATIONS).
-
-  'auto': the flash kernel of the platform the step is compiled for (`sharding.target_platform`) — on a GPU
-  cuDNN's (`dot_product`) where it serves (bf16/f16, no packed segments, no attention dropout), else
-  'flash_gpu' — and 'reference' on a CPU. Then, for any choice: cached decoding (queries after a prefix) goes to
-  'reference'; attention dropout to 'chunked' where the choice has none ('dot_product'); 'dot_product' needs
-  d_k == d_v (else 'reference').
+def serving(kernels: Kernels, spec: attention_masks.MaskSpec, q, v, dropout: bool) -> str:
+  """The implementation that serves this call: the kernels' (`Kernels.attention`), on a GPU cuDNN's
+  (`dot_product`) instead where it serves and the kernels take it (bf16/f16, no packed segments, no attention
+  dropout). Then, for any choice: cached decoding (queries after a prefix) goes to 'reference'; attention dropout
+  to 'chunked' where the choice has none ('dot_product'); 'dot_product' needs d_k == d_v (else 'reference').
   """
-  if implementation == 'auto':
-    implementation = _AUTO.get(sharding.target_platform(), 'reference')
-    if implementation == 'flash_gpu' and not dropout and _cudnn_applicable(q, spec):
-      implementation = 'dot_product'  # cuDNN's fused kernel: faster than the Triton one where it serves
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f'unknown attention implementation {implementation!r}: use one of {("auto", *IMPLEMENTATIONS)}.')
+  implementation = kernels.attention
+  if implementation == 'flash_gpu' and not dropout and _cudnn_applicable(q, spec, kernels):
+    implementation = 'dot_product'  # cuDNN's fused kernel: faster than the Triton one where it serves
   if spec.has_offset:
     return 'reference'
   if dropout and implementation not in _DROPOUT:
     return 'chunked'
   if implementation == 'dot_product' and q.shape[-1] != v.shape[-1]:
     return 'reference'
-  _check_kernel_platform(implementation)
+  _check_kernel_platform(implementation, kernels)
   return implementation
 
 
-def _check_kernel_platform(implementation: str) -> None:
+def _check_kernel_platform(implementation: str, kernels: Kernels) -> None:
   """A flash kernel compiles only for its own platform (a CPU runs it in `pallas_mode.interpret_kernels`):
   elsewhere, one line that says what to choose instead of Pallas's own error."""
-  platforms = [platform for platform, kernel in _AUTO.items() if kernel == implementation]
-  platform = sharding.target_platform()
-  if platforms and platform not in platforms and not pallas_mode.interpreting():
-    raise ValueError(f'model.attention={implementation!r} is a {platforms[0].upper()} kernel, and this step is compiled '
-                     f'for {platform.upper()} devices: set model.attention=\'auto\' (the fastest this platform has) or '
-                     f'one of {tuple(name for name in IMPLEMENTATIONS if name not in _AUTO.values())}.')
+  platform = FLASH_KERNELS.get(implementation)
+  if platform not in (None, kernels.platform) and not pallas_mode.interpreting():
+    raise ValueError(f'model.attention={implementation!r} is a {platform.upper()} kernel, and this step is compiled '
+                     f'for {kernels.platform.upper()} devices: set model.attention=\'auto\' (the fastest this platform '
+                     f'has) or one of {tuple(name for name in IMPLEMENTATIONS if name not in FLASH_KERNELS)}.')
 
 
-def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', chunk_size=512, dropout_rate=0.0,
+def attend(q, k, v, spec: attention_masks.MaskSpec, *, kernels: Kernels, chunk_size=512, dropout_rate=0.0,
            dropout_rng=None, stacked=None):
   """One signature for every implementation: q [b, q, h, d_k], k [b, k, h, d_k], v [b, k, h, d_v]; `serving`
   picks the one that runs. Dropout (`dropout_rate` > 0 with a `dropout_rng`) applies to the attention weights,
@@ -186,8 +181,10 @@ def attend(q, k, v, spec: attention_masks.MaskSpec, *, implementation='auto', ch
   product k and v were sliced from, [b, k, n, h, d] with k at 0, v at 1 and, n = 3, q at 2 (the fused projections
   on a GPU), which `flash_gpu` reads in place: the slices, then unused, are never copied."""
   dropout = dropout_rate > 0.0 and dropout_rng is not None
-  name = serving(implementation, spec, q, v, dropout)
-  options = {'chunk_size': chunk_size} if name == 'chunked' else {}
+  name = serving(kernels, spec, q, v, dropout)
+  options = {'kernels': kernels} if name in _XLA else {}
+  if name == 'chunked':
+    options['chunk_size'] = chunk_size
   if name == 'flash_gpu' and stacked is not None:
     options['stacked'] = stacked
   if dropout:

@@ -6,7 +6,8 @@ come from a compute-dtype matmul (float32 accumulation) and are reduced in float
 sums; when differentiated, the same pass also forms the chunk's gradient (softmax − smoothed target) and contracts
 it with the states and the weights at once, so the backward pass only scales those products by the incoming
 cotangents and no chunk is recomputed. The chunks are unrolled, so XLA's cost analysis counts every one of them.
-On a GPU a chunk's maximum, log-sum-exp and gradient come from one kernel (`loss_kernel`) where it serves.
+On a GPU (the model's `Kernels.loss_kernel`) a chunk's maximum, log-sum-exp and gradient come from one kernel
+(`kernels/gpu/softmax_gradient.py`) where it serves.
 """
 
 import functools
@@ -17,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.kernels.cpu import projections as cpu_projections
+from transformer_jax.config.platform import Kernels
+from transformer_jax.kernels import ops
 from transformer_jax.kernels.gpu import softmax_gradient as loss_kernel
-from transformer_jax.runtime import sharding
 
 
 def _smoothing_weights(vocab: int, smoothing: float) -> tuple[float, float]:
@@ -95,7 +96,7 @@ def _chunk_logits(hidden, weights, start, size):
   return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab')), chunk
 
 
-def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradients):
+def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, with_gradients):
   """(loss, nll, correct) sums over non-pad tokens and, with_gradients, the loss's gradient products:
   G = Σ_t w_t (p_t − q_t) ⊗ h_t [vocab, d], Dy_t = w_t (p_t − q_t) · W [batch, length, d] and, with a bias,
   Db = Σ_t w_t (p_t − q_t) [vocab], in float32."""
@@ -107,7 +108,7 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
   # Σ_v logit_v = h · Σ_v W_v (+ Σ bias): the smoothing term's logit sums without another pass over the logits
   weight_sum = jnp.sum(weights.astype(jnp.float32), axis=0)
   bias_sum = 0.0 if bias is None else jnp.sum(bias)
-  dy, gpu = [], sharding.target_platform() == 'gpu'
+  dy, gpu = [], kernels.loss_kernel
   for start, size in _chunks(hidden.shape[1], chunk_length):
     logits, chunk = _chunk_logits(hidden, weights, start, size)
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
@@ -134,30 +135,30 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradi
         if bias is not None:
           d_bias += jnp.sum(grad, axis=(0, 1))
       grad = grad.astype(hidden.dtype)
-      g_t += cpu_projections.einsum_f32('bcd,bcv->dv', chunk, grad)
-      dy.append(cpu_projections.einsum_f32('bcv,vd->bcd', grad, weights))
+      g_t += ops.einsum_f32('bcd,bcv->dv', chunk, grad, kernels)
+      dy.append(ops.einsum_f32('bcv,vd->bcd', grad, weights, kernels))
   if not with_gradients:
     return tuple(sums)
   return tuple(sums), (g_t.T, jnp.concatenate(dy, axis=1), d_bias)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _sums(hidden, weights, bias, targets, smoothing, chunk_length):
-  return _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradients=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _sums(hidden, weights, bias, targets, smoothing, chunk_length, kernels):
+  return _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, with_gradients=False)
 
 
-def _sums_fwd(hidden, weights, bias, targets, smoothing, chunk_length):
+def _sums_fwd(hidden, weights, bias, targets, smoothing, chunk_length, kernels):
   # symbolic_zeros wraps the primals
   hidden, weights, bias, targets = jax.tree.map(lambda x: x.value, (hidden, weights, bias, targets))
-  sums, products = _forward(hidden, weights, bias, targets, smoothing, chunk_length, with_gradients=True)
+  sums, products = _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, with_gradients=True)
   return sums, (products, hidden, weights, bias, targets)
 
 
-def _sums_bwd(smoothing, chunk_length, residuals, cotangents):
+def _sums_bwd(smoothing, chunk_length, kernels, residuals, cotangents):
   """d loss/d logits = w (p − q); d nll/d logits = w (p − onehot) = w (p − q) + w (ε'·1 − (ε + ε')·onehot),
   whose second term needs only the states and weights of the gold tokens (ε' = ε/(V−1)). A cotangent that is a
   symbolic zero (the NLL when only the loss is differentiated) costs nothing."""
-  del chunk_length
+  del chunk_length, kernels
   (g, dy, db), hidden, weights, bias, targets = residuals
   zero = lambda x: isinstance(x, jax.custom_derivatives.SymbolicZero)
   d_loss, d_nll, _ = cotangents  # the accuracy is piecewise constant
@@ -181,13 +182,14 @@ def _sums_bwd(smoothing, chunk_length, residuals, cotangents):
 _sums.defvjp(_sums_fwd, _sums_bwd, symbolic_zeros=True)
 
 
-def token_sums(hidden, weights, bias, targets, smoothing: float, chunk_length: int) -> dict:
+def token_sums(hidden, weights, bias, targets, smoothing: float, chunk_length: int, kernels: Kernels) -> dict:
   """Sums over non-pad target tokens of the loss, NLL and correct predictions, and their count (combine across
   steps and devices, then divide by 'tokens'): `cross_entropy` of the logits hidden · weightsᵀ (+ bias), made
   `chunk_length` positions at a time.
 
   hidden: the decoder's final states [batch, length, d_model]; weights: the pre-softmax layer [vocab, d_model],
-  both in the compute dtype; bias: float32 [vocab] or None; targets: [batch, length] token ids, 0 = padding.
+  both in the compute dtype; bias: float32 [vocab] or None; targets: [batch, length] token ids, 0 = padding;
+  kernels: the model's (`ModelConfig.kernels`).
   """
-  loss, nll, correct = _sums(hidden, weights, bias, targets, smoothing, chunk_length)
+  loss, nll, correct = _sums(hidden, weights, bias, targets, smoothing, chunk_length, kernels)
   return {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': jnp.sum((targets > 0).astype(jnp.float32))}

@@ -2,7 +2,12 @@
 stack alone as a language model (`model.architecture='decoder_only'`).
 
 Reads top to bottom like the paper: embeddings and positional encodings (§3.4–3.5), multi-head attention
-(§3.2), the position-wise feed-forward network (§3.3), encoder and decoder stacks (§3.1), then the two models.
+(§3.2), the position-wise feed-forward network (§3.3), the residual block (§3.1, §5.4), encoder and decoder
+stacks (§3.1), then the two models; the stock Flax layers they are made of, with the paper's initialisation,
+close the file. Where a platform has a faster way to compute a piece (fused projections, a residual-block kernel,
+dropout masks, XLA:CPU's backward passes), the model calls a named op of `kernels/ops.py` that runs what the
+model config's `kernels` choose (`config/platform.py`); attention's implementations are `model/attention.py`'s.
+
 A stack's N layers are `layer_0`..`layer_{N-1}`, or with `model.scan_layers` one `nn.scan` named `layers` over
 parameters stacked on a leading `layers` axis, so that compile time and program size do not grow with depth.
 
@@ -10,11 +15,10 @@ Initialisation: every projection matrix is Xavier-uniform over its [fan_in, fan_
 tensor2tensor and fairseq; embeddings are normal(0, d_model^-0.5), so that after the ×√d_model of §3.4
 the embedded tokens have unit variance and the tied pre-softmax layer starts with small logits; biases 0,
 LayerNorm scales 1. Every parameter and key activation carries logical axis names
-(`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`, and `layers` when scanned) that `sharding.py` maps
-to mesh axes. One file: the architecture read in one place, as the paper describes it.
+(`batch`, `length`, `embed`, `heads`, `kv`, `mlp`, `vocab`, and `layers` when scanned) that `runtime/sharding.py`
+maps to mesh axes.
 """
 
-import functools
 import math
 
 import flax.linen as nn
@@ -25,27 +29,10 @@ from transformer_jax.config.model import ModelConfig
 from transformer_jax.core.tokens import BOS_ID
 from transformer_jax.kernels import attention_masks
 from transformer_jax.kernels import dropout_masks
-from transformer_jax.kernels.cpu import projections as cpu_projections
-from transformer_jax.kernels.gpu import residual_norm
+from transformer_jax.kernels import ops
 from transformer_jax.model import attention
-from transformer_jax.runtime import sharding
 
-_REMAT_POLICIES = {
-    'full': None,  # save nothing, recompute the whole layer
-    'dots': jax.checkpoint_policies.checkpoint_dots,
-    'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
-
-
-_xavier = nn.initializers.xavier_uniform()
-
-
-def _param(init, names):
-  return nn.with_logical_partitioning(init, names)
-
-
-def _constrain(x, names):
-  return nn.with_logical_constraint(x, names)
+# --------------------------------------------------------------------------------------- §3.4–3.5 embeddings
 
 
 def sinusoidal_encoding(positions: jax.Array, d_model: int, layout: str = 'interleaved') -> jax.Array:
@@ -58,74 +45,10 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int, layout: str = 'inter
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
-def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-  """Decoder inputs for teacher forcing: targets moved one step right, BOS first in every segment.
-
-  Padding positions (target 0) stay 0, so decoder inputs > 0 exactly where there is a target to predict.
-  """
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  if segment_ids is None:
-    starts = jnp.zeros_like(targets, dtype=bool).at[:, 0].set(True)
-  else:
-    starts = segment_ids != jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
-  return jnp.where(targets > 0, jnp.where(starts, BOS_ID, shifted), 0)
-
-
-class Dropout(nn.Module):
-  """nn.Dropout, its mask from `dropout_masks.keep_mask`: on a TPU nn.Dropout's own (a module of the same class name
-  takes the same auto-name, hence the same rng), on a CPU or GPU draws that cost that platform less."""
-
-  config: ModelConfig
-  rate: float
-
-  def keep(self, deterministic: bool) -> float:
-    """The probability this call keeps an element: 1.0 when deterministic or without dropout."""
-    return 1.0 if deterministic else 1.0 - self.rate
-
-  def keep_mask(self, shape, deterministic: bool) -> jax.Array | None:
-    """Which elements of an input of `shape` this call keeps; None when it keeps them all."""
-    keep = self.keep(deterministic)
-    if keep == 1.0:
-      return None
-    return dropout_masks.keep_mask(self.make_rng('dropout'), keep, shape, self.config.cpu_kernels)
-
-  def __call__(self, x, deterministic: bool):
-    mask = self.keep_mask(x.shape, deterministic)
-    return x if mask is None else jax.lax.select(mask, x / self.keep(deterministic), jnp.zeros_like(x))
-
-  def seeds(self, deterministic: bool) -> jax.Array:
-    """The words of `dropout_masks.hashed_keep` (a GPU's masks) for a kernel that draws this call's mask itself:
-    the key `keep_mask` would have taken. Zeros when it keeps every element (unread)."""
-    if self.keep(deterministic) == 1.0:
-      return jnp.zeros((2,), jnp.int32)
-    return dropout_masks.seeds(self.make_rng('dropout'))
-
-
-def relu_dropout(h, mask, keep: float):
-  """max(0, h), then dropout's `mask` (None: no dropout) with 1/keep scaling."""
-  return _relu_then_drop(h, mask, 1.0 if mask is None else keep)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _relu_then_drop(h, mask, keep: float):
-  """`relu_dropout`, differentiated from its output alone: the output is > 0 exactly where h > 0 and the mask
-  keeps, so the backward pass needs neither h nor the mask, and the next product's backward pass keeps the output
-  anyway. On a GPU the residual passes an optimization barrier, without which XLA reads `output > 0` as `h > 0`
-  and keeps h: without a mask h's one user is then the ReLU, which cuBLAS computes in the product's epilogue."""
-  y = jnp.maximum(h, 0)
-  return y if mask is None else jax.lax.select(mask, y / keep, jnp.zeros_like(h))
-
-
-def _relu_then_drop_fwd(h, mask, keep):
-  y = _relu_then_drop(h, mask, keep)
-  return y, jax.lax.optimization_barrier(y) if sharding.target_platform() == 'gpu' else y
-
-
-def _relu_then_drop_bwd(keep, y, dy):
-  return jax.lax.select(y > 0, dy / keep, jnp.zeros_like(dy)), None
-
-
-_relu_then_drop.defvjp(_relu_then_drop_fwd, _relu_then_drop_bwd)
+def make_embedding(config: ModelConfig) -> nn.Embed:
+  return nn.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
+                  param_dtype=config.weight_dtype,
+                  embedding_init=_param(nn.initializers.normal(config.d_model ** -0.5), ('vocab', 'embed')))
 
 
 class Embedder(nn.Module):
@@ -153,78 +76,7 @@ class Embedder(nn.Module):
     return _constrain(x, ('batch', 'length', 'embed'))
 
 
-def make_embedding(config: ModelConfig) -> nn.Embed:
-  return nn.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
-                  param_dtype=config.weight_dtype,
-                  embedding_init=_param(nn.initializers.normal(config.d_model ** -0.5), ('vocab', 'embed')))
-
-
-class _KernelPartitioned(nn.LogicallyPartitioned):
-  """A kernel's (or bias's) logical names, not applied to the flat [fan_in, fan_out] matrix (flat vector)
-  `nn.DenseGeneral` initialises and then reshapes: the names fit only the final shape (flax would constrain the
-  flat one under a mesh)."""
-
-  def unbox(self, apply_constraint=True):
-    return super().unbox(apply_constraint and jnp.ndim(self.value) == len(self.names))
-
-
-def dense(config: ModelConfig, features, names: tuple[str, ...], *, axis=-1, use_bias=False, name=None):
-  """`nn.DenseGeneral` with a Xavier-uniform kernel over its [fan_in, fan_out] matrix view and logical names;
-  on a CPU its backward pass is `cpu_projections.dot_general`'s."""
-  kernel_init = lambda *args: _KernelPartitioned(_xavier(*args), names)
-  bias_names = names[-(len(features) if isinstance(features, tuple) else 1):]
-  bias_init = lambda *args: _KernelPartitioned(nn.initializers.zeros(*args), bias_names)  # also initialised flat
-  return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=config.compute_dtype,
-                         param_dtype=config.weight_dtype, kernel_init=kernel_init, bias_init=bias_init,
-                         dot_general=cpu_projections.dot_general if cpu_projections.enabled(config.cpu_kernels) else None,
-                         name=name)
-
-
-def _shaped_init(init, names, n_in: int):
-  """`init` over the flat [fan_in, fan_out] view (a flat vector when n_in = 0) reshaped to the parameter's shape,
-  with logical names: how nn.DenseGeneral initialises, so a projection's values do not depend on which makes it."""
-
-  def wrapped(rng, shape, dtype):
-    flat = (math.prod(shape[:n_in]), math.prod(shape[n_in:])) if n_in else (math.prod(shape),)
-    boxed = _KernelPartitioned(init(rng, flat, dtype), names)
-    return boxed.replace_boxed(jnp.reshape(boxed.value, shape))
-
-  return wrapped
-
-
-class ProjectionParams(nn.Module):
-  """One attention projection's kernel [d_model, heads, head_dim] and bias [heads, head_dim] (or None), with the
-  names, initialisers and random streams `dense` gives them; `project` applies several at once."""
-
-  config: ModelConfig
-  features: tuple[int, int]
-  use_bias: bool
-
-  @nn.compact
-  def __call__(self):
-    cfg, names = self.config, ('embed', 'heads', 'kv')
-    kernel = self.param('kernel', _shaped_init(_xavier, names, 1), (cfg.d_model, *self.features), cfg.weight_dtype)
-    bias = (self.param('bias', _shaped_init(nn.initializers.zeros, names[1:], 0), self.features, cfg.weight_dtype)
-            if self.use_bias else None)
-    return kernel, bias
-
-
-def project(config: ModelConfig, x, projections):
-  """x [..., d_in] through projections of one shape ((kernel, bias) pairs) as one matrix product: several kernels
-  stacked on a new axis, [..., n, heads, head_dim], so x is read once and the product is as wide as all of them
-  (the backward pass's too); a lone kernel as it is (a unit stack axis changes XLA's layouts). In the compute
-  dtype, on a CPU through `cpu_projections.dot_general` as `dense`."""
-  dtype, stacked = config.compute_dtype, len(projections) > 1
-  join = (lambda arrays: jnp.stack(arrays, axis=-3)) if stacked else (lambda arrays: arrays[0])
-  kernel = join([kernel for kernel, _ in projections]).astype(dtype)  # [d_in, (n,) heads, head_dim]
-  dot = cpu_projections.dot_general if cpu_projections.enabled(config.cpu_kernels) else jax.lax.dot_general
-  out = dot(x.astype(dtype), kernel, (((x.ndim - 1,), (0,)), ((), ())))
-  if projections[0][1] is not None:
-    out = out + join([bias for _, bias in projections]).astype(dtype)
-  return out
-
-
-_STACK_ORDER = ('key', 'value', 'query')  # fused projections' order: the stack `attention.attend` takes
+# --------------------------------------------------------------------------------------- §3.2 attention
 
 
 class MultiHeadAttention(nn.Module):
@@ -242,22 +94,22 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_q, x_kv, spec: attention_masks.MaskSpec, decode_index=None):
-    cfg = self.config
+    cfg, dtype = self.config, self.config.compute_dtype
     heads_k, heads_v = (cfg.num_heads, cfg.head_dim_k), (cfg.num_heads, cfg.head_dim_v)
     params = {name: ProjectionParams(cfg, heads, cfg.attention_bias, name=name)()
               for name, heads in (('query', heads_k), ('key', heads_k), ('value', heads_v))}
     qkv_names = ('batch', 'length', 'heads', 'kv')
 
     if not self.cross:
-      (q, k, v), stacked = self._project(x_q, params, ('query', 'key', 'value'))
+      (q, k, v), stacked = ops.project_qkv(x_q, params, ('query', 'key', 'value'), dtype, cfg.kernels)
       if self.decode:
         (k, v, spec), stacked = self._append_to_cache(k, v, spec, decode_index), None
     else:
-      (q,), _ = self._project(x_q, params, ('query',))
+      (q,), _ = ops.project_qkv(x_q, params, ('query',), dtype, cfg.kernels)
       if self.decode and self.has_variable('cache', 'cached_key'):  # projected once, when the cache was made
         (k, v), stacked = (self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')), None
       else:
-        (k, v), stacked = self._project(x_kv, params, ('key', 'value'))
+        (k, v), stacked = ops.project_qkv(x_kv, params, ('key', 'value'), dtype, cfg.kernels)
         if self.decode:
           self.put_variable('cache', 'cached_key', k)
           self.put_variable('cache', 'cached_value', v)
@@ -267,30 +119,14 @@ class MultiHeadAttention(nn.Module):
     if cfg.attention_dropout > 0 and not self.deterministic:
       dropout_rng = self.make_rng('dropout')
     if self.is_mutable_collection('intermediates'):
-      out, weights = attention.reference_attention(q, k, v, spec, return_weights=True)
+      out, weights = attention.reference_attention(q, k, v, spec, kernels=cfg.kernels, return_weights=True)
       self.sow('intermediates', 'attention_weights', weights)
     else:
-      out = attention.attend(q, k, v, spec, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
+      out = attention.attend(q, k, v, spec, kernels=cfg.kernels, chunk_size=cfg.attention_chunk_size,
                              dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng, stacked=stacked)
     out = _constrain(out, qkv_names)
     out_proj = dense(cfg, cfg.d_model, ('heads', 'kv', 'embed'), axis=(-2, -1), use_bias=cfg.attention_bias, name='out')
     return out_proj(out)
-
-  def _project(self, x, params, names):
-    """The named projections of x; on a GPU those of one shape (all unless d_k != d_v) as one matrix product,
-    which cuBLAS runs faster than three narrow ones (a TPU program moves more bytes that way: one each). Also
-    that product where it stacks keys and values first (then queries), which `flash_gpu` reads in place; else None."""
-    fuse, groups = sharding.target_platform() == 'gpu', {}
-    for name in sorted(names, key=_STACK_ORDER.index) if fuse else names:
-      groups.setdefault(params[name][0].shape if fuse else name, []).append(name)
-    out, stacked = {}, None
-    for group in groups.values():
-      with jax.named_scope('_'.join(group)):  # op names that hlo_costs attributes to the projections
-        product = project(self.config, x, [params[name] for name in group])
-        out.update(zip(group, [product[..., i, :, :] for i in range(len(group))] if len(group) > 1 else [product]))
-      if group[:2] == ['key', 'value']:
-        stacked = product
-    return [out[name] for name in names], stacked
 
   def _append_to_cache(self, k, v, spec, decode_index):
     """Writes these tokens' keys/values and validity at decode_index; a query then sees the valid cache
@@ -310,69 +146,53 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value, spec
 
 
-_ACTIVATION_FNS = {'gelu': lambda x: nn.gelu(x, approximate=False), 'swish': nn.swish}  # ReLU: `relu_dropout`
+# --------------------------------------------------------------------------------------- §3.3 feed-forward network
+
+_ACTIVATION_FNS = {'gelu': lambda x: nn.gelu(x, approximate=False), 'swish': nn.swish}  # ReLU: `ops.relu_dropout`
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3), or GELU / swish in place of max(0, ·) (`model.activation`)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3), or GELU / swish in place of max(0, ·) (`model.activation`), with
+  dropout on the hidden layer (`model.relu_dropout`)."""
 
   config: ModelConfig
   deterministic: bool
 
   @nn.compact
   def __call__(self, x):
-    cfg = self.config
+    cfg, det = self.config, self.deterministic
     h = dense(cfg, cfg.d_ff, ('embed', 'mlp'), use_bias=True, name='wi')(x)
     dropout = Dropout(cfg, cfg.relu_dropout)
     if cfg.activation == 'relu':
-      h = relu_dropout(h, dropout.keep_mask(h.shape, self.deterministic), dropout.keep(self.deterministic))
-      h = _constrain(h, ('batch', 'length', 'mlp'))
+      h = _constrain(ops.relu_dropout(h, dropout.rng(det), dropout.keep(det), cfg.kernels), ('batch', 'length', 'mlp'))
     else:
-      h = _constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp'))
-      h = dropout(h, self.deterministic)
+      h = dropout(_constrain(_ACTIVATION_FNS[cfg.activation](h), ('batch', 'length', 'mlp')), det)
     return dense(cfg, cfg.d_model, ('mlp', 'embed'), use_bias=True, name='wo')(h)
 
 
-def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
-                      param_dtype=config.weight_dtype, name=name,
-                      scale_init=_param(nn.initializers.ones, ('embed',)),
-                      bias_init=_param(nn.initializers.zeros, ('embed',)))
+# --------------------------------------------------------------------------------------- §3.1, §5.4 residual block
 
 
 class Residual(nn.Module):
-  """A sublayer with its residual connection: post-LN LayerNorm(x + Dropout(f(x))) (§5.4) or pre-LN."""
+  """A sublayer with its residual connection and dropout (§5.4): post-LN LayerNorm(x + Dropout(f(x))) as in the
+  paper (§3.1), or pre-LN x + Dropout(f(LayerNorm(x))) (`model.norm`)."""
 
   config: ModelConfig
   deterministic: bool
 
   @nn.compact
   def __call__(self, x, sublayer):
-    cfg = self.config
+    cfg, det = self.config, self.deterministic
     dropout = Dropout(cfg, cfg.dropout)
-    if (cfg.residual_norm_kernel and cfg.norm == 'post' and sharding.target_platform() == 'gpu'
-        and residual_norm.serves(x)):
-      y = sublayer(x)  # then one kernel a pass adds, drops and normalises (residual_norm.py)
-      scale, bias = NormParams(cfg, name='norm')(x.shape[-1])
-      summed = jnp.result_type(x, y)  # the dtype x + dropout(y) has
-      return residual_norm.residual_norm(x.astype(summed), y.astype(summed), scale, bias,
-                                         dropout.seeds(self.deterministic), dropout.keep(self.deterministic),
-                                         cfg.layer_norm_epsilon, cfg.compute_dtype)
-    norm = layer_norm(cfg, 'norm')
     if cfg.norm == 'pre':
-      return x + dropout(sublayer(norm(x)), self.deterministic)
-    return norm(x + dropout(sublayer(x), self.deterministic))
+      return x + dropout(sublayer(layer_norm(cfg, x, 'norm')), det)
+    y = sublayer(x)
+    scale, bias = NormParams(cfg, name='norm')()
+    return ops.residual_norm(x, y, scale, bias, rng=dropout.rng(det), keep=dropout.keep(det),
+                             epsilon=cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, kernels=cfg.kernels)
 
 
-class NormParams(nn.Module):
-  """`layer_norm`'s parameters, named and initialised as it names them, for `residual_norm`'s kernels."""
-
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, d: int):
-    make = lambda name, init: self.param(name, _param(init, ('embed',)), (d,), self.config.weight_dtype)
-    return make('scale', nn.initializers.ones), make('bias', nn.initializers.zeros)
+# --------------------------------------------------------------------------------------- §3.1 encoder and decoder
 
 
 class EncoderLayer(nn.Module):
@@ -411,6 +231,13 @@ class DecoderLayer(nn.Module):
     return (x, None) if self.scanned else x
 
 
+_REMAT_POLICIES = {
+    'full': None,  # save nothing, recompute the whole layer
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
 def _layer_stack(layer_cls, config: ModelConfig, num_layers: int, x, *args, **attributes):
   """x through `num_layers` layers: unrolled (`layer_0`..) or one `nn.scan` named `layers` (`model.scan_layers`).
 
@@ -419,9 +246,7 @@ def _layer_stack(layer_cls, config: ModelConfig, num_layers: int, x, *args, **at
   Rematerialisation (`model.remat`, not while decoding) wraps the layer inside the scan.
   """
   if config.remat != 'none' and not attributes.get('decode'):
-    policy = _REMAT_POLICIES[config.remat]
-    if cpu_projections.enabled(config.cpu_kernels):
-      policy = cpu_projections.remat_policy(policy)
+    policy = ops.remat_policy(_REMAT_POLICIES[config.remat], config.kernels)
     layer_cls = nn.remat(layer_cls, policy=policy,
                          prevent_cse=not config.scan_layers)  # a scan already keeps XLA from merging recomputation
   if not config.scan_layers:
@@ -455,22 +280,8 @@ class Encoder(nn.Module):
         inputs, _positions_or_default(inputs, inputs_positions), deterministic=deterministic)
     x = _layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, spec, deterministic=deterministic)
     if cfg.norm == 'pre':
-      x = layer_norm(cfg, 'final_norm')(x)
+      x = layer_norm(cfg, x, 'final_norm')
     return x
-
-
-class PreSoftmaxWeights(nn.Module):
-  """The pre-softmax layer's own weights when not tied to the embedding: a [d_model, vocab] kernel (the
-  parameters of an `nn.DenseGeneral` named 'logits'), returned as [vocab, d_model] in the compute dtype."""
-
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self):
-    cfg = self.config
-    kernel = self.param('kernel', _param(_xavier, ('embed', 'vocab')), (cfg.d_model, cfg.vocab_size),
-                        cfg.weight_dtype)
-    return kernel.T.astype(cfg.compute_dtype)
 
 
 class Decoder(nn.Module):
@@ -503,7 +314,7 @@ class Decoder(nn.Module):
     y = _layer_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_spec, cross_spec, decode_index,
                      deterministic=deterministic, decode=decode)
     if cfg.norm == 'pre':
-      y = layer_norm(cfg, 'final_norm')(y)
+      y = layer_norm(cfg, y, 'final_norm')
     y = y.astype(cfg.compute_dtype)
     if cfg.share_embeddings:
       weights = self.embedding.embedding.astype(cfg.compute_dtype)
@@ -517,6 +328,9 @@ class Decoder(nn.Module):
       return y, weights, bias
     logits = jnp.dot(y, weights.T).astype(jnp.float32)
     return _constrain(logits if bias is None else logits + bias, ('batch', 'length', 'vocab'))
+
+
+# --------------------------------------------------------------------------------------- the models
 
 
 class Transformer(nn.Module):
@@ -610,3 +424,131 @@ def init_inputs(config: ModelConfig, batch_shape) -> dict:
   """Token arrays [batch_shape] for every input of the model's `__call__` (to initialise it): any shape will do."""
   tokens = jnp.ones(batch_shape, jnp.int32)
   return {'targets': tokens} if config.decoder_only else {'inputs': tokens, 'targets': tokens}
+
+
+def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+  """Decoder inputs for teacher forcing: targets moved one step right, BOS first in every segment.
+
+  Padding positions (target 0) stay 0, so decoder inputs > 0 exactly where there is a target to predict.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segment_ids is None:
+    starts = jnp.zeros_like(targets, dtype=bool).at[:, 0].set(True)
+  else:
+    starts = segment_ids != jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(targets > 0, jnp.where(starts, BOS_ID, shifted), 0)
+
+
+# --------------------------------------------------------------------------------------- building blocks
+
+
+class Dropout(nn.Module):
+  """Dropout (§5.4): each element kept with probability 1 − rate and scaled by 1 / (1 − rate), by the mask the
+  model's kernels draw (`dropout_masks.keep_mask`) from this module's own 'dropout' random stream (its path in the
+  model, as every Flax module's)."""
+
+  config: ModelConfig
+  rate: float
+
+  def keep(self, deterministic: bool) -> float:
+    """The probability this call keeps an element: 1.0 when deterministic or without dropout."""
+    return 1.0 if deterministic else 1.0 - self.rate
+
+  def rng(self, deterministic: bool) -> jax.Array | None:
+    """This call's dropout key, for an op that drops inside; None when it keeps every element."""
+    return None if self.keep(deterministic) == 1.0 else self.make_rng('dropout')
+
+  def __call__(self, x, deterministic: bool):
+    return dropout_masks.drop(x, self.rng(deterministic), self.keep(deterministic), self.config.kernels)
+
+
+_xavier = nn.initializers.xavier_uniform()
+
+
+def _param(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+def _constrain(x, names):
+  return nn.with_logical_constraint(x, names)
+
+
+def dense(config: ModelConfig, features, names: tuple[str, ...], *, axis=-1, use_bias=False, name=None):
+  """`nn.DenseGeneral` with a Xavier-uniform kernel over its [fan_in, fan_out] matrix view and logical names; its
+  product is the kernels' (`ops.dot_general`)."""
+  kernel_init = lambda *args: _KernelPartitioned(_xavier(*args), names)
+  bias_names = names[-(len(features) if isinstance(features, tuple) else 1):]
+  bias_init = lambda *args: _KernelPartitioned(nn.initializers.zeros(*args), bias_names)  # also initialised flat
+  return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=config.compute_dtype,
+                         param_dtype=config.weight_dtype, kernel_init=kernel_init, bias_init=bias_init,
+                         dot_general=ops.dot_general(config.kernels), name=name)
+
+
+class _KernelPartitioned(nn.LogicallyPartitioned):
+  """A kernel's (or bias's) logical names, not applied to the flat [fan_in, fan_out] matrix (flat vector)
+  `nn.DenseGeneral` initialises and then reshapes: the names fit only the final shape (flax would constrain the
+  flat one under a mesh)."""
+
+  def unbox(self, apply_constraint=True):
+    return super().unbox(apply_constraint and jnp.ndim(self.value) == len(self.names))
+
+
+def _shaped_init(init, names, n_in: int):
+  """`init` over the flat [fan_in, fan_out] view (a flat vector when n_in = 0) reshaped to the parameter's shape,
+  with logical names: how nn.DenseGeneral initialises, so a projection's values do not depend on which makes it."""
+
+  def wrapped(rng, shape, dtype):
+    flat = (math.prod(shape[:n_in]), math.prod(shape[n_in:])) if n_in else (math.prod(shape),)
+    boxed = _KernelPartitioned(init(rng, flat, dtype), names)
+    return boxed.replace_boxed(jnp.reshape(boxed.value, shape))
+
+  return wrapped
+
+
+class ProjectionParams(nn.Module):
+  """One attention projection's kernel [d_model, heads, head_dim] and bias [heads, head_dim] (or None), with the
+  names, initialisers and random streams `dense` gives them; `ops.project_qkv` applies them."""
+
+  config: ModelConfig
+  features: tuple[int, int]
+  use_bias: bool
+
+  @nn.compact
+  def __call__(self):
+    cfg, names = self.config, ('embed', 'heads', 'kv')
+    kernel = self.param('kernel', _shaped_init(_xavier, names, 1), (cfg.d_model, *self.features), cfg.weight_dtype)
+    bias = (self.param('bias', _shaped_init(nn.initializers.zeros, names[1:], 0), self.features, cfg.weight_dtype)
+            if self.use_bias else None)
+    return kernel, bias
+
+
+class NormParams(nn.Module):
+  """A LayerNorm's scale and bias [d_model] (ones and zeros), named and initialised as `nn.LayerNorm` names them."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self):
+    make = lambda name, init: self.param(name, _param(init, ('embed',)), (self.config.d_model,),
+                                         self.config.weight_dtype)
+    return make('scale', nn.initializers.ones), make('bias', nn.initializers.zeros)
+
+
+def layer_norm(config: ModelConfig, x, name: str):
+  """LayerNorm(x) with the parameters `name` (`ops.layer_norm`)."""
+  scale, bias = NormParams(config, name=name)()
+  return ops.layer_norm(x, scale, bias, config.layer_norm_epsilon, config.compute_dtype)
+
+
+class PreSoftmaxWeights(nn.Module):
+  """The pre-softmax layer's own weights when not tied to the embedding: a [d_model, vocab] kernel (the
+  parameters of an `nn.DenseGeneral` named 'logits'), returned as [vocab, d_model] in the compute dtype."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self):
+    cfg = self.config
+    kernel = self.param('kernel', _param(_xavier, ('embed', 'vocab')), (cfg.d_model, cfg.vocab_size),
+                        cfg.weight_dtype)
+    return kernel.T.astype(cfg.compute_dtype)

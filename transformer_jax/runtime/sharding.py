@@ -35,13 +35,6 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
   return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
-def target_platform() -> str:
-  """The platform ('cpu', 'gpu', 'tpu') of the devices of the mesh being traced or run under (`activate`), so that
-  a program compiled on a CPU host for a TPU makes the TPU's choices; the default backend's outside a mesh."""
-  device = jax.sharding.get_abstract_mesh().abstract_device
-  return device.platform if device is not None else jax.default_backend()
-
-
 def mesh_axes(mesh, logical: str, size: int):
   """The mesh axes the logical-axis rules shard `logical` over, if they divide `size`; else None (replicated)."""
   axes = nn.logical_to_mesh_axes((logical,))[0]
@@ -64,9 +57,16 @@ def per_device(fn, *args, specs):
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
 
 
+def devices_platform(devices) -> str:
+  """The platform ('cpu', 'gpu', 'tpu') of `devices`: what a step compiled for them runs on, and what the model's
+  kernels are chosen for (`ModelConfig.platform`)."""
+  platform = list(devices)[0].platform
+  return 'gpu' if platform in ('cuda', 'rocm') else platform
+
+
 def mesh_platform(mesh: Mesh) -> str:
-  """The platform ('cpu', 'gpu', 'tpu') of `mesh`'s devices: what a step compiled for it runs on."""
-  return mesh.devices.flat[0].platform
+  """The platform of `mesh`'s devices (`devices_platform`)."""
+  return devices_platform(mesh.devices.flat)
 
 
 def mesh_and_rules(mesh_config: ml_collections.ConfigDict, devices=None) -> tuple[Mesh, tuple]:

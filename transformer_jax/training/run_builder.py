@@ -2,8 +2,9 @@
 from a config and the devices it will run on, the mesh and rules, the model, optimizer and schedule, the abstract
 state and its shardings, the jitted train and eval steps and every batch shape they are called with.
 
-Platform choices are made while a step is traced under `activate()`, from the mesh's devices
-(`sharding.target_platform`), so a program built here for a TPU slice on a CPU host is the one the TPU runs.
+The platform is chosen here, once, from the devices: the model's kernels are those of the mesh's platform
+(`ModelConfig.platform`, `config/platform.py`), so a program built here for a TPU slice on a CPU host is the one
+the TPU runs.
 """
 
 import dataclasses
@@ -68,7 +69,7 @@ def build(config: ml_collections.ConfigDict, devices=None) -> Run:
   devices = jax.devices() if devices is None else list(devices)
   mesh, rules = sharding.mesh_and_rules(config.mesh, devices)
   sharding.check_batches(config, mesh)
-  model, tx, schedule = steps.training_objects(config)
+  model, tx, schedule = steps.training_objects(config, sharding.mesh_platform(mesh))
   shard_optimizer = sharding.shards_optimizer(config.mesh.shard_optimizer, mesh)
   abstract, shardings = steps.abstract_state_and_shardings(model, tx, config.train.seed, _init_shape(mesh), mesh,
                                                            rules, shard_optimizer=shard_optimizer)

@@ -66,7 +66,7 @@ def abstract_state_and_shardings(model, tx, seed, batch_shape, mesh, rules, *, s
   """Shapes and NamedShardings of the train state, computed without allocating it; `shard_optimizer`
   (`mesh.shard_optimizer` as `sharding.shards_optimizer` resolves it): the optimizer state split over the data
   axis too (`sharding.optimizer_shardings`)."""
-  with sharding.activate(mesh, rules):  # traced for the mesh's platform (`attention.serving`'s choices)
+  with sharding.activate(mesh, rules):
     boxed = jax.eval_shape(functools.partial(init_state, model, tx, seed, batch_shape))
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   if shard_optimizer:
@@ -112,7 +112,8 @@ def _loss_sums_and_grads(model, params, batch, rng, smoothing):
     hidden, weights, bias = model.apply({'params': p}, **model_inputs(batch), deterministic=False,
                                         rngs={'dropout': rng}, return_hidden=True)
     with jax.named_scope('loss'):  # op names that hlo_costs attributes to the loss
-      sums = loss_lib.token_sums(hidden, weights, bias, batch['targets'], smoothing, model.config.loss_chunk_length)
+      sums = loss_lib.token_sums(hidden, weights, bias, batch['targets'], smoothing, model.config.loss_chunk_length,
+                                 model.config.kernels)
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -165,9 +166,10 @@ def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: f
   return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing)
 
 
-def training_objects(config) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:
-  """The model (of `model.architecture`), optimizer and learning-rate schedule of a run's config."""
-  model = model_lib.make_model(ModelConfig.from_dict(config.model))
+def training_objects(config, platform: str) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:
+  """The model (of `model.architecture`, its kernels those of `platform`), optimizer and learning-rate schedule of
+  a run's config."""
+  model = model_lib.make_model(ModelConfig.from_dict(config.model, platform))
   d_model = model.config.d_model
   return model, optim.make_optimizer(config.train, d_model), optim.make_schedule(config.train, d_model)
 

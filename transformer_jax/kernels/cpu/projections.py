@@ -1,6 +1,6 @@
 """The XLA:CPU projections: a hand-written backward pass for `nn.DenseGeneral`'s contraction, with the same values
-as autodiff (tested), and the remat policy that still sees those products; plus `enabled`, whether a step uses
-them, and `einsum_f32`, the float32-result products XLA:CPU needs cast. Measured gains: bench/RESULTS.md."""
+as autodiff (tested), and the remat policy that still sees those products (`model.cpu_kernels`; measured gains:
+bench/RESULTS.md, "CPU training step")."""
 
 import functools
 
@@ -8,28 +8,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
-from transformer_jax.config.model import CPU_KERNELS
-from transformer_jax.runtime import sharding
-
 _CONTRACTION = 'contraction'  # checkpoint name of a projection's output, saved by the dot remat policies
-
-
-def enabled(setting: str) -> bool:
-  """Whether `model.cpu_kernels=setting` (`config.model.CPU_KERNELS`) means the CPU kernels, decided when the step
-  is traced: 'auto' from the devices it is traced for (`sharding.target_platform`), never from the host's."""
-  if setting not in CPU_KERNELS:
-    raise ValueError(f'model.cpu_kernels={setting!r} is not one of {CPU_KERNELS}.')
-  return setting == 'on' or (setting == 'auto' and sharding.target_platform() == 'cpu')
-
-
-def einsum_f32(subscripts: str, a, b):
-  """`jnp.einsum` of compute-dtype operands with float32 accumulation and result. XLA:CPU has no product of bf16
-  operands with a float32 result (the step fails when it runs), so a step traced for a CPU casts the operands to
-  float32 first (f16 ones too, for one rule): the same products exactly (a bf16 or f16 product fits float32's
-  mantissa), and gradients that are float32 products too. On accelerators the operands stay in their dtype."""
-  if sharding.target_platform() == 'cpu':
-    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-  return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
