@@ -24,7 +24,7 @@ _CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file (
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and the tokenizer go.', required=True)
 _HOST_MEMORY = flags.DEFINE_enum(
     'host_memory', 'auto', ['auto', 'reuse', 'system'],
-    "'reuse': glibc keeps freed memory for the next step (1.4x a base-model step on a CPU, see "
+    "'reuse': glibc keeps freed memory for the next step (faster CPU steps, see "
     "host_memory.reuse_host_memory); 'system': glibc's defaults; 'auto': reuse when JAX will run on the CPU.")
 _COMPILE_ONLY = flags.DEFINE_bool(
     'compile_only', False, 'Compile what the run would compile (its train step for every batch shape, its eval '
@@ -32,7 +32,7 @@ _COMPILE_ONLY = flags.DEFINE_bool(
     'and a roofline step time; exit 1 with what to change if it does not fit.')
 _TOPOLOGY = flags.DEFINE_string(
     'topology', None, 'The TPU slice or GPU host for --compile_only, e.g. v4-8, v4-32, v5e-8, v5p-8, h100-1, '
-    'h100-8 (transformer_jax/aot.py).')
+    'h100-8 (transformer_jax/compile/topologies.py).')
 distributed.define_flags()
 flags.register_validator('compile_only', lambda on: not on or _TOPOLOGY.value,
                          message='--compile_only needs --topology (e.g. --topology=v4-32).')

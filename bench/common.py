@@ -32,8 +32,8 @@ def cpu_model() -> str:
 
 def cpu_has_vnni(path: str = '/proc/cpuinfo') -> bool | None:
   """Whether the x86 CPU has VNNI, which sums int8 products in 32 bits (without it CTranslate2's int8 products add
-  pairs in 16 bits, which `export.INT8_WEIGHT_LIMIT` keeps from overflowing); None where /proc/cpuinfo lists no
-  flags."""
+  pairs in 16 bits, which `interop/ctranslate2.py`'s `INT8_WEIGHT_LIMIT` keeps from overflowing); None where
+  /proc/cpuinfo lists no flags."""
   flags = _cpuinfo('flags', path)
   return None if flags is None else bool({'avx512_vnni', 'avx_vnni'} & set(flags.split()))
 

@@ -2,7 +2,7 @@
 
 One source of truth: `configs/wmt14_ende_base.py` builds its named variants from `VARIANTS`,
 `configs/sweeps/table3_runlocal.py` sweeps them, and `python -m configs.table3` prints the parameter table
-kept in the README.
+kept in docs/model.md.
 """
 
 import dataclasses

@@ -1,5 +1,5 @@
 """python -m transformer_jax.convert --from_hf=DIR_OR_CACHED_HUB_ID --workdir=NEW: a transformers MarianMT
-checkpoint as a workdir at step 0 (`transformer_jax.convert`)."""
+checkpoint as a workdir at step 0 (`interop/marian_import.py`)."""
 
 from absl import app
 from absl import flags

@@ -4,7 +4,7 @@
 ctranslate2: a CTranslate2 model directory (`export_ctranslate2`) holding the SentencePiece model and the run's
 decode settings, for `python -m transformer_jax.translate --engine=ctranslate2 --model=DIR` or
 `ctranslate2.Translator`. transformers: a MarianMT directory (`hf.write`) with its tokenizer and a model card, for
-`MarianMTModel.from_pretrained(DIR)` and `pipeline("translation", model=DIR)`. What the format cannot represent is
+`MarianMTModel.from_pretrained(DIR)` and its `generate`. What the format cannot represent is
 refused in one line before anything is restored.
 """
 

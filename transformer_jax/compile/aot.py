@@ -3,7 +3,7 @@ FLOPs, collectives.
 
 The targets and their compile-only devices are `topologies`'. So a config's train step can be checked against a
 slice or a GPU box before one is rented: whether it fits in HBM (and what to change when it does not), which
-collectives XLA inserted for the mesh, and a roofline step time; and the H100's program, the one a lent H100 runs,
+collectives XLA inserted for the mesh, and a roofline step time; and a GPU's program, the one the GPU itself runs,
 can be read on a CPU (bench.step_costs).
 
 python train.py --config=configs/wmt14_ende_big.py:tpu_v4_32 --workdir=DIR --compile_only --topology=v4-32

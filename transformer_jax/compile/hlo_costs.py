@@ -190,8 +190,8 @@ class OpCost:
     return self.integer_ops * self.count
 
 
-# Attention kernels that carry no cost estimate (jax's splash-attention kernels, `flash_tpu.py`), by the
-# prefix of their instruction's name: FLOPs per batch row × head × query × key × head dim, 2 per multiply-add of
+# Attention kernels that carry no cost estimate (jax's splash-attention kernels, `kernels/tpu/flash_attention.py`), by
+# the prefix of their instruction's name: FLOPs per batch row × head × query × key × head dim, 2 per multiply-add of
 # their matmuls (forward q·kᵀ and p·v; the backward's dq kernel recomputes q·kᵀ and forms do·vᵀ and ds·k, its dkv
 # kernel q·kᵀ, do·vᵀ, pᵀ·do and dsᵀ·q), every block counted, masked or not, as jax's flash kernel's forward
 # estimate counts them, and whether the kernel belongs to the backward pass. A dkv kernel that also returns dq
@@ -203,8 +203,8 @@ ATTENTION_KERNELS = {'splash_mha_fwd': (4, False), 'splash_mha_dq': (6, True), '
 FUSED_DQ_FACTOR = 2
 # `flash_gpu`'s Triton kernels: a Triton call keeps no cost estimate, and has a name of its own only in its
 # op_name ('.../attention_gpu_fwd/pallas_call'); q and k are its first two operands of rank 4, [batch, length,
-# heads, head dim], or 5, a stack of projections with a slot axis before the heads (`flash_gpu._places`).
-# The same factors, every block counted.
+# heads, head dim], or 5, a stack of projections with a slot axis before the heads (`_places` of
+# `kernels/gpu/flash_attention.py`). The same factors, every block counted.
 GPU_ATTENTION_KERNELS = {'attention_gpu_fwd': 4, 'attention_gpu_dq': 6, 'attention_gpu_dkv': 8}
 # Of a result that is such a stack, the slots each kernel writes (dq: the queries'; dkv: the keys' and values',
 # into the array dq's kernel wrote, which it takes as an operand it does not read).

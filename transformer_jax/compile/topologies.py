@@ -58,7 +58,7 @@ CHIPS = {
     'v5e': Chip('TPU v5 lite', 16 * GiB, 8.19e11, 'v5e', 'default', 1),
     'v5p': Chip('TPU v5', 95 * GiB, 2.765e12, 'v5p', 'megacore', 2),
     'v6e': Chip('TPU v6 lite', 32 * GiB, 1.638e12, 'v6e', 'default', 1),
-    # SXM parts; HBM as nvidia-smi reports it (bench/RESULTS.md's H100 and H200 visits)
+    # SXM parts; HBM as nvidia-smi reports it (the H100 and H200: on the GPUs bench/RESULTS.md was measured on)
     'a100': Chip('NVIDIA A100-SXM4-80GB', 81_920 << 20, 2.039e12,
                  gpu=GpuDevice((8, 0), 108, 64, 1.41, 167_936, 166_912, 40 << 20)),
     'h100': Chip('NVIDIA H100 80GB HBM3', 81_559 << 20, 3.35e12,

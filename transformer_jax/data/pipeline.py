@@ -29,7 +29,7 @@ Iterator state (`it.get_state()` / `it.set_state(...)`, JSON-serializable, saved
 Parallelism: `read_threads` threads encode examples; `num_workers` > 0 runs the whole pipeline
 in that many grain worker processes (`mp_prefetch`), the way to scale on hosts with many cores
 (the batch sequence then depends on num_workers: a run keeps the number it started with, see
-`sections.pipeline.worker_count` for what -1, the default, chooses).
+`config/pipeline.py`'s `worker_count` for what -1, the default, chooses).
 """
 
 import bisect
@@ -245,7 +245,7 @@ def _packed_batches(examples: grain.IterDataset, config: ml_collections.ConfigDi
 
 
 def num_workers(config: ml_collections.ConfigDict) -> int:
-  """The worker processes this host runs the `pipeline` section with (`sections.pipeline.worker_count` for this
+  """The worker processes this host runs the `pipeline` section with (`config/pipeline.py`'s `worker_count` for this
   host's devices and cores)."""
   return pipeline_section.worker_count(config.num_workers, jax.local_devices()[0].platform, os.cpu_count() or 1)
 

@@ -9,7 +9,7 @@ the built-in corpus's English (source) side, one sentence per document; a tfds d
 (`documents='lines'`) or one per paragraph, paragraphs separated by blank lines, lines joined by a space
 (`documents='paragraphs'`). `load(data_config, split, documents)` picks one of the two.
 
-Fields of `data_config` (the config's `data` section; `sections.data` gives their defaults and checks them):
+Fields of `data_config` (the config's `data` section; `config/data.py` gives their defaults and checks them):
 
 * `source`: where pairs come from: 'builtin' | 'tfds' | 'files'.
 * `builtin_seed`, `builtin_train_size`, `builtin_eval_size` ('builtin'): seed and sizes of the

@@ -24,7 +24,7 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
   learned positions) and max input length as ours. The length penalty is not the same: ours divides by
   ((5 + len) / 6)^alpha (GNMT), CT2's `length_penalty` divides by len^alpha; translate passes alpha to it.
 
-`python -m transformer_jax.export` writes one from a workdir (`__main__.py`).
+`python -m transformer_jax.export` writes one from a workdir (`transformer_jax/export.py`).
 """
 
 import json

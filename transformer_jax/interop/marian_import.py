@@ -1,5 +1,6 @@
 """Imports a transformers MarianMT checkpoint (e.g. OPUS-MT) as a workdir at step 0, to evaluate, translate,
-export or fine-tune; its command is `__main__.py` (python -m transformer_jax.convert --from_hf=... --workdir=NEW).
+export or fine-tune; its command is `transformer_jax/convert.py` (python -m transformer_jax.convert --from_hf=...
+--workdir=NEW).
 
 NEW gets config.json (the `model` section matching the checkpoint, `tokenizer` its vocabulary), the tokenizer
 (tokenizer/source.spm, target.spm and pieces.json: Marian's pieces in our ids) and a params-only checkpoint at step

@@ -71,8 +71,8 @@ def sixteen_bit_keep(rng, keep_prob: float, shape) -> jax.Array:
   """Kept elements of an array of `shape` from 16-bit draws: four per threefry2x32 evaluation where
   `jax.random.bernoulli` spends one per element, kept below round(keep_prob · 2^16) (a keep probability within
   2^-17 of keep_prob). The random bits were the largest cost of dropout on XLA:CPU; on a TPU, 16-bit draws made
-  the program move more bytes (bench/RESULTS.md). The counters are laid out like the mask (its last axis in
-  fours), so a mask sharded over leading axes is drawn shard by shard."""
+  the program move more bytes (bench/RESULTS.md, "Dropout masks"). The counters are laid out like the mask (its last
+  axis in fours), so a mask sharded over leading axes is drawn shard by shard."""
   *leading, last = shape or (1,)
   grid = (*leading, -(-last // _PER_EVALUATION))
   if math.prod(grid) >= 1 << 32:

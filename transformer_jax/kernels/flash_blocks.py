@@ -54,7 +54,7 @@ def padded_segment_ids(spec, q_size: int, k_size: int, key_pad_id: int = _PAD_ID
 def per_device(kernel, arrays, q_ids, kv_ids, *dropout):
   """kernel(*arrays, q_ids, kv_ids, *dropout) on each device's block of batch × heads (`sharding.per_device`);
   `arrays`: q, k and v as the kernel takes them, each [b, len, h, d] or a stack [b, len, n, h, d]
-  (`flash_gpu._places`);
+  (`gpu/flash_attention.py`'s `_places`);
   `dropout`: the batch rows' and heads' indices, [batch] and [heads], and attention dropout's seeds [2]."""
 
   def specs(mesh):

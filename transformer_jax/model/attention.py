@@ -152,7 +152,7 @@ def serving(kernels: Kernels, spec: attention_masks.MaskSpec, q, v, dropout: boo
   """
   implementation = kernels.attention
   if implementation == 'flash_gpu' and not dropout and _cudnn_applicable(q, spec, kernels):
-    implementation = 'dot_product'  # cuDNN's fused kernel: faster than the Triton one where it serves
+    implementation = 'dot_product'  # cuDNN's fused kernel (bench/RESULTS.md, "Attention implementations")
   if spec.has_offset:
     return 'reference'
   if dropout and implementation not in _DROPOUT:

@@ -115,8 +115,8 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, w
     mask = (chunk_targets > 0).astype(jnp.float32)
     logit_sum = jnp.einsum('bcd,d->bc', chunk.astype(jnp.float32), weight_sum) + bias_sum
     gold_logit = None  # gathered from the logits, which the TPU compiler fuses with their maximum
-    if gpu:  # from the gold tokens' weights, rounded as the logits are (-1.8 GB per base step on an H100:
-      # bench/RESULTS.md)
+    if gpu:  # from the gold tokens' weights, rounded as the logits are: no gather over the logits on a GPU
+      # (bench/RESULTS.md, "The loss")
       gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
                               weights[chunk_targets].astype(jnp.float32)).astype(logits.dtype)
     kernel = with_gradients and gpu and loss_kernel.serves(logits, bias)

@@ -1,7 +1,7 @@
 """A run's programs compiled several at once, as many as the host's memory and cores allow: the trainer's batch
 shapes and `--compile_only`'s programs. The first program (the caller's largest) compiles alone, the others are
 lowered beside it (XLA compiles outside the GIL), and the memory its compile took sizes how many compile at once
-after it (a TPU compile of the paper's base model holds about 6 GB; ten at once would ask 60)."""
+after it (a TPU compile of the paper's base model holds gigabytes: bench/RESULTS.md, "Compile time")."""
 
 import concurrent.futures
 from collections.abc import Callable, Iterator, Sequence

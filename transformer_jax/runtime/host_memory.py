@@ -13,7 +13,7 @@ def reuse_host_memory() -> bool:
 
   With glibc's defaults a block over 32 MiB is mmap'ed on malloc and unmapped on free, so XLA:CPU's temp buffer
   of a whole jitted step is fresh memory every step: one page fault per 4 KiB page plus the kernel zeroing it
-  (bench/RESULTS.md has the cost). One arena, no mmap and
+  (bench/RESULTS.md, "Training step on a CPU", has the cost). One arena, no mmap and
   no trimming make later steps reuse the heap; the process keeps its peak heap size. Call it before JAX starts
   its threads (so they share the main arena). False where the C library is not glibc.
   """

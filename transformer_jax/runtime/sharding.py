@@ -88,7 +88,7 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules) -> object:
 
 
 def shards_optimizer(setting: str, mesh: Mesh) -> bool:
-  """Whether `mesh.shard_optimizer=setting` (`sections.mesh.SHARD_OPTIMIZER`) splits the optimizer state over
+  """Whether `mesh.shard_optimizer=setting` (`config/mesh.py`'s `SHARD_OPTIMIZER`) splits the optimizer state over
   the data axis on `mesh`: 'auto' when its devices are accelerators. A CPU host's devices share one memory, where
   the split saves nothing and costs collectives and compile time."""
   return setting == 'on' or (setting == 'auto' and mesh_platform(mesh) != 'cpu')

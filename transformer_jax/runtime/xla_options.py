@@ -1,8 +1,8 @@
 """XLA options the training step is compiled with, chosen from the platform of the run's mesh (never the host's),
-each measured on the platform it serves (bench/RESULTS.md).
+each measured on the platform it serves.
 
 GPU: XLA's Triton GEMM fusions off, so every matrix product runs in cuBLAS (faster training steps at the paper's
-batch on an H100). An option the user sets in XLA_FLAGS wins over the project's.
+batch: bench/RESULTS.md, "Training step on a GPU"). An option the user sets in XLA_FLAGS wins over the project's.
 """
 
 import os

@@ -1,6 +1,6 @@
 """The XLA:CPU projections: a hand-written backward pass for `nn.DenseGeneral`'s contraction, with the same values
 as autodiff (tested), and the remat policy that still sees those products (`model.cpu_kernels`; measured gains:
-bench/RESULTS.md, "CPU training step")."""
+bench/RESULTS.md, "Training step on a CPU")."""
 
 import functools
 

@@ -1,5 +1,6 @@
 """`flash_gpu`: our Pallas Triton kernels for a GPU, an online softmax over key blocks with the query and key segment
-ids apart and attention dropout's bits drawn inside (`flash_attention` holds what both backends' kernels share)."""
+ids apart and attention dropout's bits drawn inside (`kernels/flash_blocks.py` holds what both backends' kernels
+share)."""
 
 import functools
 import math
@@ -138,7 +139,7 @@ def _gpu_dkv_kernel(scalars_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, lse_
 
 def _places(count: int):
   """(operand, slot) of q, k and v among a kernel's `count` head arrays, as the projections produce them
-  (`model.project`): q, k and v apart [b, len, h, d]; q, then a stack [b, len, 2, h, d] of k and v (cross-attention
+  (`ops.project`): q, k and v apart [b, len, h, d]; q, then a stack [b, len, 2, h, d] of k and v (cross-attention
   on a GPU); or one stack [b, len, 3, h, d] of k, v and q (self-attention on a GPU). Slot None: no stack axis."""
   return {3: ((0, None), (1, None), (2, None)), 2: ((0, None), (1, 0), (1, 1)), 1: ((0, 2), (0, 0), (0, 1))}[count]
 
@@ -241,10 +242,10 @@ def flash_gpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None, 
   """flash_gpu: our Triton kernels (`_gpu_attention`), for self- and cross-attention at any length, packed or
   padded, with attention dropout where `dropout_seeds` are given; lengths padded to their blocks, head dims by
   `_triton_head`. (jax's `pallas.ops.gpu.attention.mha`, which served self-attention before, is deprecated, was
-  wrong in bf16 at 8-wide heads, and was not faster on an H100: bench/RESULTS.md.) The kernels scale the scores
-  and zero the rows of queries that may attend to no key (padding keys get an id of their own), so no pass over
-  q or the output is left outside them. `stacked`: the fused projections' product k and v (and, self-attending, q)
-  were sliced from (`attention.attend`), which the kernels then read in place instead."""
+  wrong in bf16 at 8-wide heads, and was not faster than ours: bench/RESULTS.md, "Attention implementations".) The
+  kernels scale the scores and zero the rows of queries that may attend to no key (padding keys get an id of their
+  own), so no pass over q or the output is left outside them. `stacked`: the fused projections' product k and v
+  (and, self-attending, q) were sliced from (`attention.attend`), which the kernels then read in place instead."""
   dropout_rate = dropout_rate if dropout_seeds is not None else 0.0
   q_len, k_len, d_k, d_v = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
   q_size, k_size = (flash.round_up(n, _gpu_block(n, _GPU_BLOCKS[0])) for n in (q_len, k_len))

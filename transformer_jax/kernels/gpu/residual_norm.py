@@ -2,8 +2,9 @@
 
 XLA:GPU splits it into two kernels each way (the row statistics, then what needs them), so x + dropout(y) is
 written and read back forward and the backward pass reads its inputs twice: 5 passes over [tokens, d_model]
-forward and 6 backward, against 4 and 4 here (bench/RESULTS.md). The dropout mask is `dropout_masks.hashed_keep`'s
-(what a GPU draws), computed inside from each element's row and column, so both paths keep the same elements.
+forward and 6 backward, against 4 and 4 here (bench/RESULTS.md, "Compiled for TPU slices and GPU hosts"). The
+dropout mask is `dropout_masks.hashed_keep`'s (what a GPU draws), computed inside from each element's row and
+column, so both paths keep the same elements.
 The statistics are float32, the variance E[z²] − E[z]² as Flax's LayerNorm computes it.
 """
 
@@ -20,7 +21,8 @@ from transformer_jax.runtime import pallas_mode
 from transformer_jax.runtime import sharding
 
 _ELEMENTS = 2048  # of a [rows, d_model] block a program (forward) or a loop step (backward) takes at most: 16 a
-# thread of 4 warps, which Triton holds in registers (ptxas -v; bench/RESULTS.md)
+# thread of 4 warps, which Triton holds in registers (ptxas -v: bench/RESULTS.md, "Compiled for TPU slices
+# and GPU hosts")
 _BACKWARD_ROWS = 32  # rows a backward program at most: the scale and bias gradients are one row of partial sums
 # a program
 

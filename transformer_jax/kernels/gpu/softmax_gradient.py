@@ -5,7 +5,7 @@ XLA:GPU reads the [tokens × vocab] logits once for each row's maximum and log-s
 sweeps it twice, the second time over what it has just read, and writes the gradient over the logits (an aliased
 buffer: no second [tokens × vocab] array). Its programs are wide (up to 16 warps), so few run at once and a row's
 second sweep can find it still in the GPU's L2 cache; where it does not, the kernel reads what XLA's two kernels
-read. bench/RESULTS.md has its bytes.
+read. bench/RESULTS.md, "The loss", has its bytes.
 """
 
 import functools

@@ -1,6 +1,6 @@
 """`flash_tpu`: jax's Pallas splash-attention kernel for a TPU, and with attention dropout our own kernel, an online
-softmax over key blocks with the dropout bits drawn inside (`flash_attention` holds what both backends' kernels
-share)."""
+softmax over key blocks with the dropout bits drawn inside (`kernels/flash_blocks.py` holds what both backends'
+kernels share)."""
 
 import functools
 import math
@@ -45,7 +45,7 @@ def flash_tpu_attention(q, k, v, spec, *, dropout_rate=0.0, dropout_seeds=None):
   mask, whose fully masked blocks it skips. Its residual is one log-sum-exp per query; blocks and backward
   kernels as `_splash_blocks` chooses. With segment ids its blocks need query and key lengths in multiples of
   128: both are padded here, and head dims to max(d_k, d_v). Not for cached decoding (`attention.serving` sends
-  that elsewhere). With attention dropout (`dropout_seeds`, `attention_masks.dropout_seeds`): our kernel
+  that elsewhere). With attention dropout (`dropout_seeds`, `dropout_masks.seeds`): our kernel
   (`_flash_tpu_dropout`).
   """
   if dropout_rate > 0.0 and dropout_seeds is not None:
