@@ -328,9 +328,9 @@ def test_table3_rows_have_the_closed_form_parameter_count(name):
   assert table3.count_params(config) == _closed_form_params(config)
 
 
-def test_readme_parameter_table_is_what_configs_table3_prints(capsys):
+def test_docs_parameter_table_is_what_configs_table3_prints(capsys):
   table3.main()
   printed = capsys.readouterr().out.strip().splitlines()
-  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')) as f:
-    readme = f.read()
-  assert len(printed) == 13 and all(line in readme for line in printed)
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs', 'model.md')) as f:
+    document = f.read()
+  assert len(printed) == 13 and all(line in document for line in printed)
