@@ -254,11 +254,12 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   # Without ReLU dropout the FFN's ReLU is the one user of its first product (`model.relu_dropout`), so cuBLAS
   # adds the bias and takes the ReLU as it writes the product.
   assert re.search(r'op_name="[^"]*/ffn/wi/dot_general".*"epilogue":"BIAS_RELU"', text)
-  # Each post-LN residual block: one kernel a pass (residual_norm.py)
+  # Each post-LN residual block: one kernel a pass (kernels/gpu/residual_norm.py)
   assert set(re.findall(r'op_name="[^"]*_block/(?:shard_map/)?(residual_norm_\w+)/pallas_call"', text)) == {
       'residual_norm_fwd', 'residual_norm_bwd'}
   assert not re.search(r'u32\[\d+,\d+,\d+', text)  # dropout's masks hashed where they are used: no random bits kept
-  # The loss's maximum, log-sum-exp and gradient: one kernel, its gradient over the logits' buffer (loss_kernel.py)
+  # The loss's maximum, log-sum-exp and gradient: one kernel, its gradient over the logits' buffer
+  # (kernels/gpu/softmax_gradient.py)
   assert re.search(r'output_to_operand_aliasing=\{\{2\}: \(1, \{\}\)\}.*/loss_softmax_gradient/pallas_call', text)
   analysis = aot.analyze_program(program, topology)
   assert analysis.fits and analysis.hbm_capacity > 79 * aot.GiB
