@@ -280,7 +280,8 @@ def run_programs(config: ml_collections.ConfigDict, devices) -> list[Program]:
   return programs
 
 
-def _lowered(program: Program):
+def lower(program: Program):
+  """`program` lowered under its mesh and logical-axis rules."""
   with sharding.activate(program.mesh, program.rules):
     return program.jitted.lower(*program.args)
 
@@ -292,7 +293,7 @@ def _analysis(program: Program, lowered, topology: str) -> Analysis:
 def analyze_program(program: Program, topology: str) -> Analysis:
   """`program` lowered, compiled for `topology` and analysed."""
   with compiling_for(program.mesh.devices.flat):
-    return _analysis(program, _lowered(program), topology)
+    return _analysis(program, lower(program), topology)
 
 
 def longest_train_step(config: ml_collections.ConfigDict, topology: str) -> Program:
@@ -314,7 +315,7 @@ def compile_program(program: Program, compiler_options: dict | None = None):
   """The compiled executable of a program, lowered under its mesh and rules (for reading its HLO); XLA's
   `compiler_options` (e.g. xla_dump_to) if given."""
   with compiling_for(program.mesh.devices.flat):
-    return _lowered(program).compile(compiler_options)
+    return lower(program).compile(compiler_options)
 
 
 def compile_run(programs: list[Program], topology: str) -> Iterator[tuple[str, Analysis]]:
@@ -325,7 +326,7 @@ def compile_run(programs: list[Program], topology: str) -> Iterator[tuple[str, A
   ordered = [first] + [p for p in programs if p is not first]
   with compiling_for(first.mesh.devices.flat):
     for program, analysis in concurrent_compiles.compile_all(
-        ordered, _lowered, lambda program, lowered: _analysis(program, lowered, topology)):
+        ordered, lower, lambda program, lowered: _analysis(program, lowered, topology)):
       yield program.what, analysis
 
 
