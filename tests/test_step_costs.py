@@ -5,6 +5,7 @@ A hand-written module checks the costing rules exactly (no compile); one small m
 checks the breakdown of a real train step against XLA's totals and the analytic FLOP count.
 """
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -193,13 +194,24 @@ def test_a_pallas_kernels_memory_moves_count_with_the_kernel():
       'attention: kernels (custom calls)', 'attention: kernels (custom calls)', 'attention: softmax']
 
 
+@contextlib.contextmanager
+def _op_names_in_the_cache_key():
+  """Op names read from an executable are its own: the persistent compilation cache keys a program without its op
+  names by default, and would serve an equal program's executable compiled from other code (other names)."""
+  jax.config.update('jax_compilation_cache_include_metadata_in_key', True)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_compilation_cache_include_metadata_in_key', False)
+
+
 def test_projections_fused_for_a_gpu_count_as_attention_projections():
   # A GPU program's self-attention projects query, key and value in one product, cross-attention key and value.
   cfg = ModelConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
                     dropout=0.0, max_len=64, attention='reference', platform='gpu')
   inputs, targets = helpers.tokens(0, (2, 7), [7, 5]), helpers.tokens(1, (2, 9), [9, 4])
   model, params = helpers.init_model(cfg, inputs=inputs, targets=targets)
-  with pallas_mode.interpret_kernels():  # the residual blocks' kernels a GPU runs, here in interpret mode
+  with pallas_mode.interpret_kernels(), _op_names_in_the_cache_key():  # the residual blocks' kernels a GPU runs
     hlo = jax.jit(lambda p: model.apply({'params': p}, inputs, targets)).lower(params).compile().as_text()
   scope = re.compile(r'_attention/(query|key|value|key_value|key_value_query)/')
   projected = [op for op in hlo_costs.op_costs(hlo) if scope.search(op.op_name)]
