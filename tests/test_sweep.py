@@ -12,6 +12,7 @@ import pytest
 import helpers
 from configs.table3 import VARIANTS
 from transformer_jax import sweep
+from transformer_jax.core.workdir import Workdir
 
 MICRO_CONFIG = '''
 from transformer_jax.config import base_config
@@ -155,7 +156,7 @@ def test_metrics_are_read_defensively_and_compiles_left_out_of_speed(tmp_path):
          ''.join(json.dumps(line) + '\n' for line in lines) + '{"step": 50, "split": "tr')
   _write(os.path.join(tmp_path, 'v', 'checkpoints', '40', 'state'), '')
   _write(os.path.join(tmp_path, 'v', 'checkpoints', '50.orbax-checkpoint-tmp-1', 'state'), '')
-  assert len(sweep.read_metrics(os.path.join(tmp_path, 'v'))) == len(lines)
+  assert len(Workdir(os.path.join(tmp_path, 'v')).read_metrics()) == len(lines)
   assert sweep.latest_checkpoint(os.path.join(tmp_path, 'v')) == 40
   base = os.path.join(tmp_path, 'c.py')
   _write(base, 'from transformer_jax.config import base_config\n'
@@ -252,7 +253,7 @@ def test_interrupted_variant_resumes_from_its_checkpoint(micro_sweep):
   for other in micro_sweep['variants'][1:]:
     assert f'{other.name}: starting' in micro_sweep['stdout']
   workdir = os.path.join(micro_sweep['root'], name)
-  train_steps = [r['step'] for r in sweep.read_metrics(workdir) if r['split'] == 'train']
+  train_steps = [r['step'] for r in Workdir(workdir).read_metrics() if r['split'] == 'train']
   assert train_steps == [4, 8]  # steps 1-4 once (the first run), 5-8 after resuming; a restart would log 4 twice
   with open(os.path.join(workdir, 'train.log')) as f:
     assert 'resumed from step 4' in f.read()

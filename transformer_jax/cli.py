@@ -66,7 +66,8 @@ class CheckpointFlags:
     self._workdirs = flags.DEFINE_multi_string(
         'workdir', None, 'The training run\'s workdir; repeat it for an ensemble of runs.', required=workdir_required)
     self._steps = flags.DEFINE_multi_integer(
-        'step', None, 'Checkpoint step (default: the latest); repeat it for an ensemble of steps of one run.',
+        'step', None, 'Checkpoint step (default: the run\'s final model, the average of its last eval.average_last '
+        'periodic saves, as train.py\'s final evaluation); repeat it for an ensemble of steps of one run.',
         lower_bound=0)
     self._average_last = flags.DEFINE_integer(
         'average_last', None, 'Average the params of the last K checkpoints (§6.1), of every member.', lower_bound=1)
@@ -82,7 +83,8 @@ class CheckpointFlags:
     return bool(self._workdirs.value or self._steps.value or self._average_last.value)
 
   def runs(self) -> list[tuple[str, int | None]]:
-    """(workdir, step) of every member, in order; step None: the newest checkpoint that restores."""
+    """(workdir, step) of every member, in order; step None: the run's final model (or, with --average_last, the
+    average of its last K checkpoints)."""
     workdirs, steps = self._workdirs.value, self._steps.value or [None]
     if len(workdirs) > 1:
       return [(workdir, steps[0]) for workdir in workdirs]

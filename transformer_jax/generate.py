@@ -23,7 +23,8 @@ from transformer_jax.inference import restoring
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
 _PROMPT = flags.DEFINE_string('prompt', None, 'The text to continue (default: one prompt per line of standard input).')
-_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the run\'s final model, the average of its last '
+                             'eval.average_last periodic saves, as train.py\'s final evaluation).')
 _AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'Average the last K checkpoints.')
 _NUM_SAMPLES = flags.DEFINE_integer('num_samples', 1, 'Continuations per prompt.', lower_bound=1)
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')

@@ -36,7 +36,6 @@ import dataclasses
 import datetime
 import io
 import itertools
-import json
 import math
 import os
 import re
@@ -228,31 +227,6 @@ def command(base: str, variant: Variant, root: str, python: str = sys.executable
 # ----------------------------------------------------------------------------- state of a workdir
 
 
-def _read_json(path: str) -> dict | None:
-  """A run's results, or None while it has none (or while they are being written)."""
-  try:
-    return files.read_json(path, 'results')
-  except (OSError, ValueError):
-    return None
-
-
-def read_metrics(workdir: str) -> list[dict]:
-  """The lines of metrics.jsonl that parse (a killed run may leave a partial last line)."""
-  records = []
-  try:
-    with open(Workdir(workdir).metrics_file, encoding='utf-8') as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except ValueError:
-          continue
-        if isinstance(record, dict) and isinstance(record.get('step'), int):
-          records.append(record)
-  except OSError:
-    pass
-  return records
-
-
 def latest_checkpoint(workdir: str) -> int | None:
   """The latest finished checkpoint step (orbax renames a step's directory to its number when complete)."""
   try:
@@ -262,19 +236,8 @@ def latest_checkpoint(workdir: str) -> int | None:
   return max(steps, default=None)
 
 
-def final_results(workdir: str, num_steps: int) -> dict | None:
-  """results.json if the run is finished: it exists and is the evaluation of step num_steps."""
-  results = _read_json(Workdir(workdir).final_results_file)
-  if results is None:
-    return None
-  step = results.get('step')
-  if step is None:  # older evaluations: fall back on the last logged training step
-    step = max((r['step'] for r in read_metrics(workdir) if r.get('split') == 'train'), default=None)
-  return results if step == num_steps else None
-
-
 def is_finished(workdir: str, num_steps: int) -> bool:
-  return final_results(workdir, num_steps) is not None
+  return Workdir(workdir).finished_results(num_steps) is not None
 
 
 # ----------------------------------------------------------------------------- running
@@ -377,8 +340,8 @@ def result_row(base: str, variant: Variant, root: str, outcome: str | None = Non
   """
   workdir = os.path.join(root, variant.name)
   num_steps = variant_config(base, variant).train.num_steps
-  records = read_metrics(workdir)
-  results = final_results(workdir, num_steps)
+  records = Workdir(workdir).read_metrics()
+  results = Workdir(workdir).finished_results(num_steps)
   step = max((r['step'] for r in records if r.get('split') == 'train'), default=None)
   if results is not None:
     status = 'finished'

@@ -7,6 +7,7 @@ from transformer_jax.config.model import ModelConfig
 from transformer_jax.core import files
 from transformer_jax.core.workdir import Workdir, params_tag
 from transformer_jax.interop import marian
+from transformer_jax.training import checkpoint
 
 
 _USAGE = '\n'.join([
@@ -48,6 +49,13 @@ def _scores(config, workdir: str, steps, final_steps) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _params(steps, final_steps) -> str:
+  """Which params an export holds, beside the run's final model (the one its final evaluation scores)."""
+  if list(steps) == list(final_steps):
+    return f'the run\'s final model, which its final evaluation scores: {checkpoint.describe_steps(steps)}'
+  return f'{checkpoint.describe_steps(steps)}, not the run\'s final model ({checkpoint.describe_steps(final_steps)})'
+
+
 def model_card(config, workdir: str, steps, final_steps) -> str:
   """README.md for the export of `workdir` (its saved `config`) at `steps`; `final_steps`: those of the run's final
   model (`restoring.final_model_steps`), which name the results files."""
@@ -78,7 +86,7 @@ d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
 
 ## Data
 
-Trained on {_data(config)}. The exported params are those of step(s) {steps}.
+Trained on {_data(config)}. The exported params are {_params(steps, final_steps)}.
 
 ## Test scores
 

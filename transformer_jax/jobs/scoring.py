@@ -187,6 +187,17 @@ def _count_params(members) -> int:
   return int(sum(np.prod(p.shape) for p in jax.tree.leaves(members)))
 
 
+def _saved_samples(run_dir: Workdir, split: str, count: int) -> list[tuple[str, str, str]]:
+  """The first `count` (source, output, reference) of the final evaluation's translations files; none where they
+  are missing (a language model's evaluation writes none)."""
+  try:
+    texts = [files.read_text_lines(run_dir.translation_file(split, kind), 'the run\'s translations')[:count]
+             for kind in ('src', 'hyp', 'ref')]
+  except (OSError, ValueError):
+    return []
+  return list(zip(*texts))
+
+
 def describe(results: dict, num_samples: int) -> str:
   """A short human-readable report of `evaluate_split`'s results, with `num_samples` of its samples."""
   split = results['split']
@@ -220,10 +231,20 @@ def describe(results: dict, num_samples: int) -> str:
 
 
 def final_report(config, workdir: str) -> dict:
-  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
-  (a language model: perplexity against the unigram baseline, and samples)."""
-  average = len(restoring.final_model_steps(config, workdir))
-  restored = restoring.restore(config, workdir, average_last=average if average > 1 else None)
+  """End of training: the run's final model (`restoring.final_model_steps`) on the test split, reported: BLEU (a
+  language model: perplexity against the unigram baseline, and samples). A run evaluated before (its results.json,
+  `Workdir.finished_results`) is reported from that file, with samples from its translations, and not evaluated
+  again."""
+  run_dir = Workdir(workdir)
+  results = run_dir.finished_results(config.train.num_steps)
+  if results is not None:
+    results['samples'] = _saved_samples(run_dir, results.get('split'), config.eval.num_samples)
+    if jax.process_index() == 0:
+      print(f'{workdir} is trained and its final model evaluated ({run_dir.final_results_file}), as follows; '
+            'nothing was run again.', flush=True)
+      print(describe(results, config.eval.num_samples), flush=True)
+    return results
+  restored = restoring.restore(config, workdir)
   results = evaluate_split(restored, workdir, config.eval.test_split)
   if jax.process_index() == 0:
     print(describe(results, config.eval.num_samples), flush=True)
