@@ -7,6 +7,7 @@ minutes per compile on 2 cores; see docs/fits.md for it and the big model on eve
 
 import dataclasses
 import json
+import logging
 import re
 import threading
 
@@ -24,6 +25,7 @@ from transformer_jax.compile import step_parts
 from transformer_jax.compile import topologies
 from transformer_jax.kernels import attention_masks
 from transformer_jax.model import attention
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import steps
 
@@ -311,7 +313,8 @@ def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_point
           '--config.model.num_decoder_layers=1']  # one layer a side: what is tested is the command, not the depth
   ok = entry_points.run(args, text=True, timeout=600)
   assert ok.returncode == 0, ok.stderr[-3000:]
-  assert 'train step, batch 32×64:' in ok.stdout and 'eval step, batch 64×64:' in ok.stdout
+  assert 'train step, batch 32×64 (program 1 of 2):' in ok.stdout
+  assert 'eval step, batch 64×64 (program 2 of 2):' in ok.stdout
   assert ok.stdout.startswith('TPU kernels: attention flash_tpu, bernoulli dropout masks\n')  # chosen for the slice
   assert ok.stdout.count('of HBM: fits') == 2
   big = entry_points.run(args + ['--config.model.vocab_size=1048576', '--config.model.d_model=2048'], text=True,
@@ -329,10 +332,13 @@ def _two_bucket_config():
   return config
 
 
-def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
+def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch, caplog):
   """train.py --compile_only prints each program's report as soon as it is compiled (a TPU compile of the paper's
   models takes minutes): the longest train step first. The others' compiles wait here until its report is out, so
-  a report held back for the others would time out."""
+  a report held back for the others would time out. Meanwhile the log says how many are compiled, for how long,
+  and the host's peak memory (here from the start: the progress threshold set to 0)."""
+  monkeypatch.setattr(progress, 'AFTER', 0.0)
+  caplog.set_level(logging.INFO)
   first_given = threading.Event()
 
   def analysis(program, lowered, topology):
@@ -345,6 +351,10 @@ def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
   assert next(reports) == ('train step, batch 32×64', TOPOLOGY)
   first_given.set()
   assert sorted(reports) == [('eval step, batch 64×64', TOPOLOGY), ('train step, batch 64×32', TOPOLOGY)]
+  said = [message for message in caplog.messages if message.startswith(f'compiling for {TOPOLOGY}: ')]
+  assert re.fullmatch(rf'compiling for {TOPOLOGY}: [0-3] of 3 programs, .*\d+s so far, peak host memory \d+\.\d GiB',
+                      said[0]), said
+  assert said[-1].startswith(f'compiling for {TOPOLOGY}: 3 programs done in ')
 
 
 def test_fits_refuses_a_row_whose_compiled_flops_fall_below_the_models(monkeypatch):

@@ -16,6 +16,7 @@ from transformer_jax.model import ensemble
 from transformer_jax.model import layer_layout
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.transformer import LanguageModel, Transformer
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import checkpoint
 from transformer_jax.training import steps
@@ -161,18 +162,27 @@ def _restore_params(config, model, workdir: str, step, average_last, mesh, rules
       if step not in manager.all_steps():
         raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: '
                          f'{sorted(manager.all_steps())}.')
-      return restore_step(step), [step], f'{workdir} at step {step}'
+      with progress.Progress(f'restoring step {step} of {workdir}'):
+        return restore_step(step), [step], f'{workdir} at step {step}'
     if average_last:
-      params, chosen = checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), restore_step,
-                                                 count=average_last)
+      candidates, count = sorted(manager.all_steps(), reverse=True), average_last
+    else:
+      candidates = checkpoint.final_model_candidates(config, manager.all_steps())
+      count = min(config.eval.average_last, len(candidates))
+    with progress.Progress(f'restoring {workdir}', total=count, unit='checkpoints') as restored:
+      params, chosen = checkpoint.average_params(manager, candidates, lambda s: _counted(restore_step(s), restored),
+                                                 count=count)
+    if average_last:
       return params, chosen, f'{workdir}: the last {average_last} checkpoints, {checkpoint.describe_steps(chosen)}'
-    candidates = checkpoint.final_model_candidates(config, manager.all_steps())
-    params, chosen = checkpoint.average_params(manager, candidates, restore_step,
-                                               count=min(config.eval.average_last, len(candidates)))
     return params, chosen, (f'the final model of {workdir} (its last eval.average_last={config.eval.average_last} '
                             f'periodic saves): {checkpoint.describe_steps(chosen)}')
   finally:
     manager.close()
+
+
+def _counted(params, restored: progress.Progress):
+  restored.advance()
+  return params
 
 
 def save_averaged(restored: Restored, workdir: str) -> str:

@@ -19,6 +19,7 @@ from transformer_jax.evaluation import scores
 from transformer_jax.evaluation import significance
 from transformer_jax.inference import generation
 from transformer_jax.inference import restoring
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import metrics as metrics_lib
 from transformer_jax.training import steps
@@ -28,29 +29,34 @@ UNIGRAM_DOCUMENTS = 200_000
 
 
 def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
-                   max_length: int | None = None) -> dict:
+                   max_length: int | None = None, what: str = 'teacher-forced scoring') -> dict:
   """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
   pairs or documents, and the number of target tokens, by `eval_fn` (`steps.jit_eval_step`) of `members` (one
-  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
+  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it. A long
+  pass reports its progress as `what`."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count(), max_length=max_length)
-  for i, batch in enumerate(batches):
-    if max_batches is not None and i >= max_batches:
-      break
-    batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
-    sums = jax.device_get(eval_fn(members, batch))
-    totals = {k: totals[k] + float(sums[k]) for k in totals}
+  count = len(pairs) if max_batches is None else min(len(pairs), max_batches * batch_size)
+  with progress.Progress(what, total=count, unit='sentences') as scored:
+    for i, batch in enumerate(batches):
+      if max_batches is not None and i >= max_batches:
+        break
+      batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
+      sums = jax.device_get(eval_fn(members, batch))
+      totals = {k: totals[k] + float(sums[k]) for k in totals}
+      scored.advance(min(batch_size, count - scored.done))
   return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
-def teacher_forced_metrics(restored: restoring.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair (or document), with the restored model or ensemble."""
+def teacher_forced_metrics(restored: restoring.Restored, pairs, split: str = 'the split') -> dict:
+  """`teacher_forced` over every pair (or document) of `split`, with the restored model or ensemble."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.members)
   eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
     return teacher_forced(restored.members, eval_fn, pairs, restored.tokenizer, restored.mesh,
-                          restored.config.eval.batch_size, max_length=restored.position_limit)
+                          restored.config.eval.batch_size, max_length=restored.position_limit,
+                          what=f'scoring {split} (teacher-forced)')
 
 
 def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]],
@@ -99,8 +105,8 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
   if cut:
     logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
                     'scoring (results.json: cut_sentences)', cut, split, limit, limit)
-  losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
-  hypotheses = generation.translate_pairs(restored, pairs, config.decode)
+  losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs, split).items()}
+  hypotheses = generation.translate_pairs(restored, pairs, config.decode, what=f'translating {split}')
   sources_text = [src for src, _ in pairs]
   references = [tgt for _, tgt in pairs]
   lang = config.data.target_lang
@@ -148,7 +154,7 @@ def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, t
   """
   config = restored.config
   documents = sources.load_documents(config.data, split)
-  losses = teacher_forced_metrics(restored, documents)
+  losses = teacher_forced_metrics(restored, documents, split)
   num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
   examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
   fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < restored.max_len

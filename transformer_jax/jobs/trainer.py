@@ -30,6 +30,7 @@ from transformer_jax.jobs import reporting
 from transformer_jax.jobs import scoring
 from transformer_jax.model import ensemble
 from transformer_jax.runtime import concurrent_compiles
+from transformer_jax.runtime import progress
 from transformer_jax.training import checkpoint
 from transformer_jax.training import run_builder
 from transformer_jax.training import steps
@@ -70,9 +71,14 @@ class _CompiledSteps:
     self._jitted, self._report = run.train_step, report
     start = time.time()
     shapes = run.train_batch_shapes[::-1]  # the longest (the last bucket's) first
-    self._compiled = {self._key(shape): compiled for shape, compiled in concurrent_compiles.compile_all(
-        shapes, lambda shape: run.train_step.lower(state, run.abstract_batch(shape)),
-        lambda shape, lowered: lowered.compile())}
+    with progress.Progress('compiling the train step', total=len(shapes), unit='batch shapes',
+                           memory=True) as compiling:
+      self._compiled = {}
+      for shape, compiled in concurrent_compiles.compile_all(
+          shapes, lambda shape: run.train_step.lower(state, run.abstract_batch(shape)),
+          lambda shape, lowered: lowered.compile()):
+        self._compiled[self._key(shape)] = compiled
+        compiling.advance()
     report.compilation(step, time.time() - start, f'the train step for {len(shapes)} batch shape(s)')
 
   @staticmethod
@@ -250,7 +256,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
         start = time.time()
         values = scoring.teacher_forced(ensemble.of_one(model, state.params), run.eval_step, valid_pairs, tok, mesh,
                                         config.eval.batch_size, max_batches=train_cfg.eval_batches,
-                                        max_length=model.config.position_limit)
+                                        max_length=model.config.position_limit,
+                                        what=f'step {step}: scoring {config.eval.split} (teacher-forced)')
         report.evaluation(step, values)
         last.update({f'eval_{k}': v for k, v in values.items()})
         report.exclude(time.time() - start)
