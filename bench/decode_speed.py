@@ -16,6 +16,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from bench import common  # noqa: F401  (no plugin noise on a machine without accelerators)
 from transformer_jax import config as config_lib
 from transformer_jax.core.tokens import EOS_ID, PAD_ID
 from transformer_jax.data import pipeline

@@ -306,13 +306,15 @@ def test_parse_collectives_counts_each_op_once_with_its_result_bytes():
 @pytest.mark.slow
 def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_points, tmp_path):
   """train.py --compile_only compiles the run's train and eval steps for the slice (no TPU, no data, no workdir
-  written); a config that does not fit exits 1 with one line saying what to change."""
+  written), each report saying which program of how many it is; a config that does not fit exits 1 with one line
+  saying what to change."""
   args = ['train.py', f'--workdir={tmp_path / "w"}', '--compile_only', '--topology=v5e-8',
           '--config=configs/wmt14_ende_base.py:runlocal', '--config.model.dtype=bfloat16',
           '--config.mesh.shape.data=8', '--config.model.num_encoder_layers=1',
           '--config.model.num_decoder_layers=1']  # one layer a side: what is tested is the command, not the depth
   ok = entry_points.run(args, text=True, timeout=600)
   assert ok.returncode == 0, ok.stderr[-3000:]
+  assert not helpers.noise(ok.stderr), ok.stderr  # libtpu, loaded to compile for the slice, says nothing of this host
   assert 'train step, batch 32×64 (program 1 of 2):' in ok.stdout
   assert 'eval step, batch 64×64 (program 2 of 2):' in ok.stdout
   assert ok.stdout.startswith('TPU kernels: attention flash_tpu, bernoulli dropout masks\n')  # chosen for the slice

@@ -4,8 +4,10 @@ config run end to end with train.py (one variant interrupted first and resumed, 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -208,6 +210,48 @@ def test_run_continues_after_a_failure_and_reports_it(tmp_path):
   with open(os.path.join(root, 'results.csv')) as f:
     assert [row['status'] for row in csv.DictReader(f)] == [r['status'] for r in rows]
   assert sweep.run(base, variants, root, train_py=fake)['seed=1'] == 'skipped'
+
+
+# A stand-in for `python train.py ...` (sweep.py --python=THIS): it says it started, then on Ctrl-C (SIGINT to the
+# terminal's process group) stops and exits 0, as train.py saves its checkpoint and does.
+FAKE_PYTHON = """#!{python}
+import os, signal, sys
+args = dict(a[2:].split('=', 1) for a in sys.argv[2:] if a.startswith('--') and '=' in a)
+os.makedirs(args['workdir'], exist_ok=True)
+signal.signal(signal.SIGINT, lambda *unused: sys.exit(0))
+open(os.path.join(args['workdir'], 'started'), 'w').close()
+signal.pause()
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_sweep_in_one_line_saying_how_to_resume(tmp_path):
+  base, sweep_file, root = str(tmp_path / 'micro.py'), str(tmp_path / 'micro_sweep.py'), tmp_path / 'root'
+  _write(base, MICRO_CONFIG)
+  _write(sweep_file, MICRO_SWEEP)
+  fake = tmp_path / 'fake_python'
+  _write(str(fake), FAKE_PYTHON.format(python=sys.executable))
+  fake.chmod(0o755)
+  name = sweep.variants(sweep.load_sweep_file(sweep_file).get_sweep())[0].name
+  process = subprocess.Popen([sys.executable, 'sweep.py', f'--config={base}', f'--sweep={sweep_file}',
+                              f'--workdir={root}', f'--python={fake}'], cwd=helpers.REPO,
+                             env=helpers.subprocess_env(device_count=1), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    deadline = time.time() + 240
+    while not (root / name / 'started').exists():
+      assert process.poll() is None and time.time() < deadline, process.communicate()
+      time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
+    stdout, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert process.returncode == -signal.SIGINT, stderr
+  assert helpers.noise(stderr) == [
+      f'interrupted: [1/2] {name} stopped (its train.py saves and stops); rerun the sweep to resume'], stderr
+  assert stdout.splitlines() == [f'[1/2] {name}: starting']
+  with open(root / sweep.LOG_FILE, encoding='utf-8') as f:
+    assert f.read().splitlines()[-1].endswith(f'[1/2] {name}: interrupted; rerun the sweep to resume')
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -22,6 +22,23 @@ from transformer_jax.runtime import backends
 USER_ERRORS = (ValueError, OSError, ArithmeticError, MissingDependencyError)
 
 
+def _interrupted_in_one_line(previous):
+  """A `sys.excepthook`: Ctrl-C (a KeyboardInterrupt nothing caught, while a tool imports or runs) ends the process
+  with one line, 'interrupted' and what to do next where the tool says (its exception's message), instead of a
+  traceback; Python still exits as by the signal (status 130). Any other exception goes to `previous`."""
+
+  def hook(kind, value, traceback_):
+    if not issubclass(kind, KeyboardInterrupt):
+      return previous(kind, value, traceback_)
+    sys.stderr.write(f'interrupted: {one_line(value)}\n' if value.args else 'interrupted\n')
+    return None
+
+  return hook
+
+
+sys.excepthook = _interrupted_in_one_line(sys.excepthook)  # from the tool's first import of this module on
+
+
 class _ConfigFileParser(flags.ArgumentParser):
   """Reads --config files with `config.load_file`, whose every failure is one line naming the file."""
 

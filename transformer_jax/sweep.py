@@ -250,8 +250,9 @@ class Log:
     os.makedirs(root, exist_ok=True)
     self.path = os.path.join(root, LOG_FILE)
 
-  def __call__(self, message: str):
-    print(message, flush=True)
+  def __call__(self, message: str, show: bool = True):
+    if show:
+      print(message, flush=True)
     with open(self.path, 'a', encoding='utf-8') as f:
       f.write(f'{datetime.datetime.now().isoformat(timespec="seconds")} {message}\n')
 
@@ -282,8 +283,8 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
         returncode = process.wait()
       except KeyboardInterrupt:  # train.py got the signal too: let it save its checkpoint before leaving
         process.wait()
-        log(f'{tag}: interrupted; rerun the sweep to resume')
-        raise
+        log(f'{tag}: interrupted; rerun the sweep to resume', show=False)  # the tool's last line says it
+        raise KeyboardInterrupt(f'{tag} stopped (its train.py saves and stops); rerun the sweep to resume') from None
     if returncode == 0 and is_finished(workdir, num_steps):
       log(f'{tag}: finished')
       outcome[variant.name] = 'finished'
