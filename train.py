@@ -20,7 +20,8 @@ from transformer_jax.runtime import host_memory  # noqa: E402
 # pylint: enable=wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
-_CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:arguments]).')
+_CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file, configs/*.py[:arguments] (default: '
+                                      'configs/default.py); change any key with --config.KEY=VALUE.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and the tokenizer go.', required=True)
 _HOST_MEMORY = flags.DEFINE_enum(
     'host_memory', 'auto', ['auto', 'reuse', 'system'],
@@ -32,7 +33,7 @@ _COMPILE_ONLY = flags.DEFINE_bool(
     'and a roofline step time; exit 1 with what to change if it does not fit.')
 _TOPOLOGY = flags.DEFINE_string(
     'topology', None, 'The TPU slice or GPU host for --compile_only, e.g. v4-8, v4-32, v5e-8, v5p-8, h100-1, '
-    'h100-8 (transformer_jax/aot.py).')
+    'h100-8 (transformer_jax/compile/topologies.py).')
 distributed.define_flags()
 flags.register_validator('compile_only', lambda on: not on or _TOPOLOGY.value,
                          message='--compile_only needs --topology (e.g. --topology=v4-32).')

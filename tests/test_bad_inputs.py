@@ -321,7 +321,8 @@ def _run(entry_points, args, stdin=None):
      'CFG/nope.tsv does not exist: fix data config key files.test.tsv'),  # before training, not after it
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_sise=2'],
-     "a --config.* override names no key of the config: 'beam_sise'"),
+     '--config.decode.beam_sise: the config has no key decode.beam_sise; did you mean decode.beam_size or '
+     'decode.batch_size? valid keys of decode: alpha, batch_size, beam_size, max_len_offset, max_new_tokens, '),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.top_k=5'],
      "--config.decode.top_k is not read while model.architecture='encoder_decoder', only when it is 'decoder_only'"),
@@ -427,6 +428,23 @@ def test_a_cpu_run_says_nothing_about_accelerators_it_does_not_have(args, stdin,
   assert result.returncode == 0, result.stderr[-3000:]
   assert not helpers.noise(result.stderr), result.stderr
   assert re.fullmatch(output, result.stdout, re.DOTALL), result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('args, listed', [
+    (['train.py'], 'compile_only config coordinator_address distributed host_memory num_processes process_id topology '
+                   'workdir'),
+    (['eval.py'], 'average_last compare_method compare_samples compare_seed compare_to config coordinator_address '
+                  'distributed num_processes process_id save_averaged split step workdir'),
+    (['sweep.py'], 'collect config print_commands python sweep workdir'),
+    (['-m', 'transformer_jax.translate'], 'average_last batch_size beam_size engine method model step truncate workdir'),
+    (['-m', 'transformer_jax.export'], 'average_last format out quantization step workdir'),
+], ids=['train', 'eval', 'sweep', 'translate', 'export'])
+def test_help_lists_a_tools_own_flags_and_those_it_shares(entry_points, args, listed):
+  """The flags a tool takes from `cli` (--config, the checkpoint flags) and `distributed` are its own in --help,
+  not only under --helpfull; absl's logging flags stay there."""
+  result = entry_points.run([*args, '--help'], text=True)
+  assert re.findall(r'^  --(?:\[no\])?(\w+)', result.stdout, re.MULTILINE) == listed.split(), result.stdout
 
 
 def _reading_stdin(pid: int) -> bool:
