@@ -91,13 +91,13 @@ def test_variant_names():
 def test_commands_and_config_args():
   variant = sweep.Variant('v', {'model.dropout': 0.1, 'model.positional': 'learned', 'model.share_embeddings': False,
                                 'pipeline.bucket_boundaries': (8, 16)}, 'A_h16')
-  args = sweep.command('configs/wmt14_ende_base.py:runlocal', variant, 'root', python='py')
-  assert args == ['py', sweep.TRAIN_PY, '--config=configs/wmt14_ende_base.py:runlocal,A_h16', '--workdir=root/v',
+  args = sweep.command('configs/wmt14_ende_base.py:runlocal', variant, 'root', python='py', train_py=helpers.TRAIN_PY)
+  assert args == ['py', helpers.TRAIN_PY, '--config=configs/wmt14_ende_base.py:runlocal,A_h16', '--workdir=root/v',
                   '--config.model.dropout=0.1', '--config.model.positional=learned',
                   '--config.model.share_embeddings=false', '--config.pipeline.bucket_boundaries=(8, 16)']
   assert sweep.config_spec('configs/default.py', sweep.Variant('v', {}, 'x')) == 'configs/default.py:x'
   with pytest.raises(ValueError, match='None cannot be passed'):
-    sweep.command('c.py', sweep.Variant('v', {'model.d_k': None}, None), 'root')
+    sweep.command('c.py', sweep.Variant('v', {'model.d_k': None}, None), 'root', train_py=helpers.TRAIN_PY)
 
 
 def test_variant_config_validates():
@@ -267,7 +267,8 @@ def micro_sweep(tmp_path_factory):
   env = helpers.subprocess_env(device_count=1)
   variants = sweep.variants(sweep.load_sweep_file(sweep_file).get_sweep())
   interrupted = os.path.join(root, variants[0].name)
-  first = subprocess.run(sweep.command(base, variants[0], root) + ['--config.train.num_steps=4'], cwd=helpers.REPO,
+  first = subprocess.run(sweep.command(base, variants[0], root, train_py=helpers.TRAIN_PY)
+                         + ['--config.train.num_steps=4'], cwd=helpers.REPO,
                          env=env, capture_output=True, text=True, timeout=300)
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   assert sweep.latest_checkpoint(interrupted) == 4
@@ -335,11 +336,13 @@ def test_rerun_skips_finished_variants(micro_sweep):
     return files
 
   before = snapshot()
-  assert sweep.run(micro_sweep['base'], variants, root) == {v.name: 'skipped' for v in variants}
+  outcome = sweep.run(micro_sweep['base'], variants, root, train_py=helpers.TRAIN_PY)
+  assert outcome == {v.name: 'skipped' for v in variants}
   assert snapshot() == before  # no checkpoint, log or result touched: nothing retrained
   with open(os.path.join(root, sweep.LOG_FILE)) as f:
     assert sum('skipped, finished at step 8' in line for line in f) == len(variants)
-  assert sweep.commands(micro_sweep['base'], variants, root) == [f'# {v.name}: finished' for v in variants]
+  assert sweep.commands(micro_sweep['base'], variants, root, train_py=helpers.TRAIN_PY) == [
+      f'# {v.name}: finished' for v in variants]
 
 
 @pytest.mark.slow

@@ -52,7 +52,6 @@ from transformer_jax.core import files
 from transformer_jax.core.workdir import Workdir
 
 CONFIG_ARG = 'config_arg'
-TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 LOG_FILE = 'sweep.log'  # <root>/sweep.log: what the runner did; each variant's train.py output: Workdir.train_log
 RESULT_COLUMNS = ('status', 'step', 'train_loss', 'eval_loss', 'bleu', 'chrf', 'chrf++', 'tokenized_bleu', 'test_loss',
                   'params', 'steps_per_second')
@@ -215,9 +214,8 @@ def _flag_value(key: str, value) -> str:
   return str(value)
 
 
-def command(base: str, variant: Variant, root: str, python: str = sys.executable,
-            train_py: str = TRAIN_PY) -> list[str]:
-  """The train.py command line of one variant."""
+def command(base: str, variant: Variant, root: str, python: str = sys.executable, *, train_py: str) -> list[str]:
+  """The train.py command line of one variant (`train_py`: the path sweep.py runs, its sibling)."""
   args = [python, train_py, f'--config={config_spec(base, variant)}',
           f'--workdir={os.path.join(root, variant.name)}']
   args += [f'--config.{key}={_flag_value(key, value)}' for key, value in variant.overrides.items()]
@@ -257,8 +255,8 @@ class Log:
       f.write(f'{datetime.datetime.now().isoformat(timespec="seconds")} {message}\n')
 
 
-def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = sys.executable,
-        train_py: str = TRAIN_PY) -> dict[str, str]:
+def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = sys.executable, *,
+        train_py: str) -> dict[str, str]:
   """Trains every unfinished variant, one after another; returns name -> 'skipped'|'finished'|'failed: ...'."""
   configs = {v.name: variant_config(base, v) for v in sweep_variants}  # fail on any bad variant before training
   log = Log(root)
@@ -273,7 +271,7 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
       continue
     latest = latest_checkpoint(workdir)
     log(f'{tag}: resuming from checkpoint {latest}' if latest is not None else f'{tag}: starting')
-    args = command(base, variant, root, python, train_py)
+    args = command(base, variant, root, python, train_py=train_py)
     os.makedirs(workdir, exist_ok=True)
     with open(Workdir(workdir).train_log, 'a', encoding='utf-8') as train_log:
       train_log.write(f'$ {shlex.join(args)}\n')
@@ -295,8 +293,8 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
   return outcome
 
 
-def commands(base: str, sweep_variants: Sequence[Variant], root: str, python: str = 'python',
-             train_py: str = TRAIN_PY) -> list[str]:
+def commands(base: str, sweep_variants: Sequence[Variant], root: str, python: str = 'python', *,
+             train_py: str) -> list[str]:
   """One shell command per unfinished variant (finished ones as comments), for a cluster scheduler."""
   lines = []
   for variant in sweep_variants:
@@ -304,7 +302,7 @@ def commands(base: str, sweep_variants: Sequence[Variant], root: str, python: st
     if is_finished(os.path.join(root, variant.name), num_steps):
       lines.append(f'# {variant.name}: finished')
     else:
-      lines.append(shlex.join(command(base, variant, root, python, train_py)))
+      lines.append(shlex.join(command(base, variant, root, python, train_py=train_py)))
   return lines
 
 
