@@ -302,7 +302,8 @@ def test_tfds_not_prepared_says_how_to_prepare(tmp_path):
   with pytest.raises(ValueError) as error:
     sources.load_split(_tfds_config(tfds_data_dir=str(tmp_path)), 'train')
   assert str(error.value) == (
-      f'wmt14_translate/de-en is not prepared in {tmp_path}: on a machine with internet run: '
+      f'wmt14_translate/de-en is not prepared in {tmp_path} (data.tfds_data_dir): where it is prepared elsewhere, '
+      f'pass --config.data.tfds_data_dir=THAT_DIR; else, on a machine with internet, run: '
       f'python -m transformer_jax.prepare_tfds --name=wmt14_translate/de-en '
       f'--data_dir={tmp_path}  (which runs: tfds build wmt14_translate/de-en '
       f'--file_format=array_record --data_dir={tmp_path})')

@@ -3,7 +3,8 @@ python -m transformer_jax.generate --workdir=DIR --prompt="The dog" [--max_new_t
 --top_p=P --seed=S --num_samples=M], or prompts on standard input, one per line.
 
 Prints --num_samples texts per prompt, one per line, prompts in order: the prompt followed by what the model wrote,
-up to --max_new_tokens tokens or the end of its document. Each prompt goes through the model's key/value cache at
+up to --max_new_tokens tokens or the end of its document. An empty line is an empty prompt, which the model
+continues from the start of a document (an unconditional sample), where translate gives an empty line back. Each prompt goes through the model's key/value cache at
 once, then tokens are sampled from it (--temperature=0: greedy), batched and jitted once per shape. Unset flags
 take the run's `decode.*` settings (an unset --max_new_tokens also stops at the model's max length).
 """
