@@ -2,9 +2,9 @@
 
 python -m bench.decode_speed --workdir=runs/default [--sentences=64] [--rounds=3]
 
-Translates the first --sentences source sentences of the built-in test split with a trained model (its latest
-checkpoint). The four settings are measured in interleaved rounds in one process; prints one JSON line per
-measurement and a Markdown table of medians. Generated tokens count every output token up to and including EOS.
+Translates the first --sentences source sentences of the built-in test split with a trained model (its final model,
+the tools' default params). The four settings are measured in interleaved rounds in one process; prints one JSON
+line per measurement and a Markdown table of medians. Generated tokens count every output token up to and including EOS.
 """
 
 import json
