@@ -340,7 +340,7 @@ def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch, 
   a report held back for the others would time out. Meanwhile the log says how many are compiled, for how long,
   and the host's peak memory (here from the start: the progress threshold set to 0)."""
   monkeypatch.setattr(progress, 'AFTER', 0.0)
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger='absl')
   first_given = threading.Event()
 
   def analysis(program, lowered, topology):

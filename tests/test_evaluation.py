@@ -223,7 +223,7 @@ def test_the_final_evaluations_restore_scoring_and_translation_report_their_prog
   """Each wait reports how far it is (here from its start: the threshold set to 0) and a last line when it ends."""
   config, workdir = trained
   monkeypatch.setattr(progress, 'AFTER', 0.0)
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger='absl')
   scoring.evaluate_split(restoring.restore(config, workdir), workdir, 'test')
   sentences = config.data.builtin_eval_size
   for what, total, unit in ((f'restoring {workdir}', 1, 'checkpoints'), ('scoring test (teacher-forced)', sentences,
