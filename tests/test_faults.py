@@ -321,7 +321,7 @@ def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, u
   run = _Run(workdir, train__num_steps=4, data__source='files', data__files__train__tsv=train,
              data__files__validation__tsv=validation, data__files__test__tsv=tmp_path / 'test.tsv')
   run.wait_for('step 4/')
-  run.wait_for('restored params of steps')  # the final report has begun
+  run.wait_for('restored the final model of')  # the final report has begun
   run.process.send_signal(signal.SIGTERM)
   assert run.finish() == 0, run.output[-3000:]
   assert 'stopped during the final evaluation' in run.output

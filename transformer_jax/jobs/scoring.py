@@ -49,7 +49,7 @@ def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batc
   return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
-def teacher_forced_metrics(restored: restoring.Restored, pairs, split: str = 'the split') -> dict:
+def teacher_forced_metrics(restored: restoring.Restored, pairs, split: str) -> dict:
   """`teacher_forced` over every pair (or document) of `split`, with the restored model or ensemble."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.members)
   eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
@@ -246,8 +246,8 @@ def final_report(config, workdir: str) -> dict:
   if results is not None:
     results['samples'] = _saved_samples(run_dir, results.get('split'), config.eval.num_samples)
     if jax.process_index() == 0:
-      print(f'{workdir} is trained and its final model evaluated ({run_dir.final_results_file}), as follows; '
-            'nothing was run again.', flush=True)
+      print(f'{workdir} is finished: trained to step {config.train.num_steps}, its final model evaluated '
+            f'({run_dir.final_results_file}); nothing was run again.', flush=True)
       print(describe(results, config.eval.num_samples), flush=True)
     return results
   restored = restoring.restore(config, workdir)
