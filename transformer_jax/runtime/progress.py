@@ -1,6 +1,7 @@
 """Progress through a long wait, in the log: what is being waited for, how far it is (k of n, the rate, the time
 left), how long it has taken and, for compiles, the host's peak memory. One helper for every wait (compiles,
-restores and averaging, teacher-forced scoring, decoding, downloads): a wait shorter than `AFTER` seconds says
+restores and averaging, teacher-forced scoring, decoding; tfds' download retries say how long they go on in its
+`duration`): a wait shorter than `AFTER` seconds says
 nothing, a longer one a line every so often (`AFTER`, then twice as long each time up to `EVERY_AT_MOST`) from a
 thread of its own, so that one long call (a compile) is reported too, and a last line when it ends. The lines go to
 the log (stderr), terminal or not: a batch job's log shows where its time went."""
