@@ -6,6 +6,7 @@ of results goes to ROOT/results.md and ROOT/results.csv. --print_commands prints
 unfinished variant instead (for a cluster scheduler); --collect only rewrites the table.
 """
 
+import os
 import sys
 
 from absl import app
@@ -22,6 +23,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Root directory; each variant tr
 _PRINT = flags.DEFINE_bool('print_commands', False, 'Print the train.py command of each unfinished variant.')
 _COLLECT = flags.DEFINE_bool('collect', False, 'Only write the results table from the variants\' workdirs.')
 _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter that runs train.py.')
+_TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')  # this script's sibling
 
 
 def main(argv):
@@ -39,9 +41,9 @@ def main(argv):
   for variant in variants:
     sweep.variant_config(base, variant)  # every variant loads and validates before anything runs
   if _PRINT.value:
-    print('\n'.join(sweep.commands(base, variants, _WORKDIR.value, _PYTHON.value)))
+    print('\n'.join(sweep.commands(base, variants, _WORKDIR.value, _PYTHON.value, train_py=_TRAIN_PY)))
     return
-  outcome = {} if _COLLECT.value else sweep.run(base, variants, _WORKDIR.value, _PYTHON.value)
+  outcome = {} if _COLLECT.value else sweep.run(base, variants, _WORKDIR.value, _PYTHON.value, train_py=_TRAIN_PY)
   sweep.write_results(base, variants, _WORKDIR.value, outcome)
   print(f'results: {_WORKDIR.value}/results.md, {_WORKDIR.value}/results.csv')
   failed = sorted(name for name, result in outcome.items() if result.startswith('failed'))

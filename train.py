@@ -20,7 +20,8 @@ from transformer_jax.runtime import host_memory  # noqa: E402
 # pylint: enable=wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
-_CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file (configs/*.py[:arguments]).')
+_CONFIG = cli.define_config_file_flag(_DEFAULT_CONFIG, 'Experiment config file, configs/*.py[:arguments] (default: '
+                                      'configs/default.py); change any key with --config.KEY=VALUE.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and the tokenizer go.', required=True)
 _HOST_MEMORY = flags.DEFINE_enum(
     'host_memory', 'auto', ['auto', 'reuse', 'system'],
@@ -45,12 +46,15 @@ def compile_only(config) -> None:
   """--compile_only: every program of the run compiled for --topology, reported; one line if one does not fit."""
   from transformer_jax.compile import aot, topologies  # pylint: disable=import-outside-toplevel
   from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from transformer_jax.runtime import progress  # pylint: disable=import-outside-toplevel
   config_lib.validate(config, data_splits=(), overrides=cli.overrides())
-  programs = aot.run_programs(config, topologies.topology_devices(_TOPOLOGY.value))
+  with progress.Progress(f'tracing the run\'s programs for {_TOPOLOGY.value}', memory=True):
+    programs = aot.run_programs(config, topologies.topology_devices(_TOPOLOGY.value))
   print(f'{programs[0].kernels.describe()}\n', flush=True)
   unfit = []
-  for what, analysis in aot.compile_run(programs, _TOPOLOGY.value):
-    print(f'{what}:\n{aot.summary(analysis)}\n', flush=True)  # each as it is compiled: a program takes minutes
+  for number, (what, analysis) in enumerate(aot.compile_run(programs, _TOPOLOGY.value), start=1):
+    # each as it is compiled: a program takes minutes
+    print(f'{what} (program {number} of {len(programs)}):\n{aot.summary(analysis)}\n', flush=True)
     if not analysis.fits:
       unfit.append(f'{what} does not fit on {_TOPOLOGY.value}: {aot.advice(analysis, config)}')
   if unfit:

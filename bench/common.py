@@ -1,4 +1,6 @@
-"""Helpers shared by the benchmarks: JSON-line output, a Markdown table, timing, machine description."""
+"""Helpers shared by the benchmarks: JSON-line output, a Markdown table, timing, machine description. Imported
+first by every bench script: it makes the repository root importable and, where the machine has no accelerator,
+starts only JAX's CPU backend (an installed CUDA plugin or libtpu then stays quiet)."""
 
 import json
 import os
@@ -11,6 +13,10 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
+
+from transformer_jax.runtime import backends  # noqa: E402  (importable from here on)
+
+backends.skip_absent_accelerators()
 
 
 def _cpuinfo(field: str, path: str = '/proc/cpuinfo') -> str | None:

@@ -2,11 +2,11 @@
 
 python -m bench.ctranslate2_speed --workdir=runs/default [--sentences=256] [--batch_size=64] [--rounds=3]
 
-Exports the workdir's latest checkpoint to CTranslate2 twice (float32, int8) in a temporary directory, then
-translates the first --sentences source sentences of the built-in test split in batches of --batch_size with every
-setting, in interleaved rounds in one process. Both engines get the same batches (SentencePiece ids, EOS appended)
-and the same length limit (padded batch width + decode.max_len_offset, as eval.py decodes); the timings cover
-decoding only, not SentencePiece. Output tokens are counted up to and including EOS.
+Exports the workdir's final model (the tools' default params) to CTranslate2 twice (float32, int8) in a temporary
+directory, then translates the first --sentences source sentences of the built-in test split in batches of
+--batch_size with every setting, in interleaved rounds in one process. Both engines get the same batches
+(SentencePiece ids, EOS appended) and the same length limit (padded batch width + decode.max_len_offset, as eval.py
+decodes); the timings cover decoding only, not SentencePiece. Output tokens are counted up to and including EOS.
 
 Beam search is not the same search in both engines: ours divides by the length penalty ((5 + len) / 6)^α (GNMT,
 tensor2tensor), CTranslate2 by len^α; both run with α = decode.alpha. Greedy decoding is the same algorithm, and

@@ -2,9 +2,9 @@
 
 python -m bench.decode_speed --workdir=runs/default [--sentences=64] [--rounds=3]
 
-Translates the first --sentences source sentences of the built-in test split with a trained model (its latest
-checkpoint). The four settings are measured in interleaved rounds in one process; prints one JSON line per
-measurement and a Markdown table of medians. Generated tokens count every output token up to and including EOS.
+Translates the first --sentences source sentences of the built-in test split with a trained model (its final model,
+the tools' default params). The four settings are measured in interleaved rounds in one process; prints one JSON
+line per measurement and a Markdown table of medians. Generated tokens count every output token up to and including EOS.
 """
 
 import json
@@ -16,6 +16,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from bench import common  # noqa: F401  (no plugin noise on a machine without accelerators)
 from transformer_jax import config as config_lib
 from transformer_jax.core.tokens import EOS_ID, PAD_ID
 from transformer_jax.data import pipeline

@@ -9,40 +9,40 @@ totals beside the breakdown's (a GPU program compiled without its GPU has none),
 adds each Pallas kernel's registers and spills (`bench.kernel_registers`: ptxas -v), which no byte count shows.
 
 python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=v4-8 --mesh=data \
-    --set model.num_encoder_layers=2 --set model.num_decoder_layers=2
+    --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
 JAX_PLATFORMS=cpu python -m bench.step_costs --config=configs/wmt14_ende_base.py --topology=h100-1 \
-    --set "pipeline.bucket_boundaries=(128,)" --set pipeline.max_length=128 --set pipeline.tokens_per_batch=25088 \
-    --registers
+    "--config.pipeline.bucket_boundaries=(128,)" --config.pipeline.max_length=128 \
+    --config.pipeline.tokens_per_batch=25088 --registers
+
+--config and its --config.KEY=VALUE overrides are train.py's (`cli.define_config_file_flag`), checked as it checks
+them.
 """
 
-import argparse
-import ast
 import tempfile
 import time
 
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
 from bench import common
 from bench import kernel_registers
+from transformer_jax import cli
 from transformer_jax import config as config_lib
 from transformer_jax.compile import aot
 from transformer_jax.compile import hlo_costs
 from transformer_jax.compile import step_parts
 from transformer_jax.compile import topologies
 
+MESHES = ('data', 'fsdp', 'fsdp_tensor')
 
-def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
-  """The config file with the `--set` overrides, checked as train.py checks its --config.key=value ones."""
-  config = config_lib.load(path, dict(_parsed(override) for override in overrides))
+
+def for_topology(config, topology: str, mesh: str):
+  """`config` (loaded as train.py loads it: `config.load`, or its --config flag) on the `mesh` preset of
+  `topology`'s chips, in bfloat16."""
   aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
   config.model.dtype = 'bfloat16'
   return config
-
-
-def _parsed(override: str) -> tuple[str, object]:
-  key, value = override.split('=', 1)
-  try:
-    return key, ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    return key, value  # a string
 
 
 def measure(config, topology: str, dump_hlo: str | None = None, registers: bool = False) -> dict:
@@ -102,25 +102,36 @@ def table(record: dict) -> str:
                                 'GFLOP', 'ms op by op', 'ops'], rows)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--config', default='configs/wmt14_ende_base.py')
-  p.add_argument('--topology', default='v4-8')
-  p.add_argument('--mesh', default='data', choices=('data', 'fsdp', 'fsdp_tensor'))
-  p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
-                 help='a config override, e.g. model.num_encoder_layers=2 (repeatable)')
-  p.add_argument('--dump_hlo', default=None, help='also write the optimized HLO text to this file')
-  p.add_argument('--registers', action='store_true',
-                 help="a GPU topology's kernels: registers a thread and spills, by ptxas -v (bench.kernel_registers)")
-  args = p.parse_args(argv)
-  record = measure(load_config(args.config, args.topology, args.mesh, args.set), args.topology, args.dump_hlo,
-                   args.registers)
+def main():
+  """The command: its flags are defined here, when it runs (not when a test imports the module)."""
+  config = cli.define_config_file_flag('configs/wmt14_ende_base.py', 'Config file, path[:arguments]; change any '
+                                       'key with --config.KEY=VALUE, as train.py takes them.')
+  topology = flags.DEFINE_string('topology', 'v4-8', 'The TPU slice or GPU host to compile for.')
+  mesh = flags.DEFINE_enum('mesh', 'data', MESHES, 'The mesh preset of its chips.')
+  dump_hlo = flags.DEFINE_string('dump_hlo', None, 'Also write the optimized HLO text to this file.')
+  registers = flags.DEFINE_bool('registers', False, "A GPU topology's kernels: the registers a thread takes and "
+                                'its spills, by ptxas -v (bench.kernel_registers).')
+
+  def run(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE.')
+    overrides = cli.overrides()
+    config_lib.validate(config.value, data_splits=(), overrides=overrides)
+    report(measure(for_topology(config.value, topology.value, mesh.value), topology.value, dump_hlo.value,
+                   registers.value),
+           {'topology': topology.value, 'mesh': mesh.value,
+            'config': config_flags.get_config_filename(flags.FLAGS['config']), 'overrides': overrides})
+
+  cli.run(run)
+
+
+def report(record: dict, settings: dict) -> None:
+  """One JSON line per part and one for the step (each with the command's `settings`), then the tables."""
   for part in record['parts']:
-    common.emit(dict(part, topology=args.topology, mesh=args.mesh, config=args.config, overrides=args.set))
-  common.emit({k: v for k, v in record.items() if k != 'parts'} | {'mesh': args.mesh, 'config': args.config,
-                                                                     'overrides': args.set})
+    common.emit(dict(part, **settings))
+  common.emit({k: v for k, v in record.items() if k != 'parts'} | settings)
   print()
-  print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
+  print(f'{record["what"]}, {settings["topology"]}, {settings["mesh"]} mesh, per chip; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
   print(f'Op by op (`step_parts.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
         f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '

@@ -15,6 +15,7 @@ import numpy as np
 
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import backends
 
 PAPER_VOCAB_SIZE = 37000  # shared BPE vocabulary of the EN-DE experiments (§5.1)
 
@@ -83,4 +84,5 @@ def main():
 
 
 if __name__ == '__main__':
+  backends.skip_absent_accelerators()  # an installed CUDA plugin or libtpu without its hardware stays quiet
   main()

@@ -10,6 +10,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -141,6 +142,16 @@ def subprocess_env(device_count: int = 8, fast_compile: bool = True) -> dict:
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
   env['PYTHONUNBUFFERED'] = '1'
   return env
+
+
+# A line of absl's Python log (what our code and the Python libraries log): 'I1201 23:42:11.281338 1406 train.py:74] '.
+_PYTHON_LOG_LINE = re.compile(r'[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+\.py:\d+\] ')
+
+
+def noise(stderr: str) -> list[str]:
+  """The lines of `stderr` that are not Python log lines: what C++ libraries and plugins print (libtpu's start-up,
+  a CUDA plugin's failed initialisation, their tracebacks)."""
+  return [line for line in stderr.splitlines() if not _PYTHON_LOG_LINE.match(line)]
 
 
 def prepare_workdir(workdir: str, tokenizer_workdir: str) -> str:

@@ -7,6 +7,7 @@ minutes per compile on 2 cores; see docs/fits.md for it and the big model on eve
 
 import dataclasses
 import json
+import logging
 import re
 import threading
 
@@ -24,6 +25,7 @@ from transformer_jax.compile import step_parts
 from transformer_jax.compile import topologies
 from transformer_jax.kernels import attention_masks
 from transformer_jax.model import attention
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import steps
 
@@ -303,14 +305,17 @@ def test_parse_collectives_counts_each_op_once_with_its_result_bytes():
 @pytest.mark.slow
 def test_train_py_compile_only_reports_and_refuses_what_does_not_fit(entry_points, tmp_path):
   """train.py --compile_only compiles the run's train and eval steps for the slice (no TPU, no data, no workdir
-  written); a config that does not fit exits 1 with one line saying what to change."""
+  written), each report saying which program of how many it is; a config that does not fit exits 1 with one line
+  saying what to change."""
   args = ['train.py', f'--workdir={tmp_path / "w"}', '--compile_only', '--topology=v5e-8',
           '--config=configs/wmt14_ende_base.py:runlocal', '--config.model.dtype=bfloat16',
           '--config.mesh.shape.data=8', '--config.model.num_encoder_layers=1',
           '--config.model.num_decoder_layers=1']  # one layer a side: what is tested is the command, not the depth
   ok = entry_points.run(args, text=True, timeout=600)
   assert ok.returncode == 0, ok.stderr[-3000:]
-  assert 'train step, batch 32×64:' in ok.stdout and 'eval step, batch 64×64:' in ok.stdout
+  assert not helpers.noise(ok.stderr), ok.stderr  # libtpu, loaded to compile for the slice, says nothing of this host
+  assert 'train step, batch 32×64 (program 1 of 2):' in ok.stdout
+  assert 'eval step, batch 64×64 (program 2 of 2):' in ok.stdout
   assert ok.stdout.startswith('TPU kernels: attention flash_tpu, bernoulli dropout masks\n')  # chosen for the slice
   assert ok.stdout.count('of HBM: fits') == 2
   big = entry_points.run(args + ['--config.model.vocab_size=1048576', '--config.model.d_model=2048'], text=True,
@@ -328,10 +333,13 @@ def _two_bucket_config():
   return config
 
 
-def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
+def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch, caplog):
   """train.py --compile_only prints each program's report as soon as it is compiled (a TPU compile of the paper's
   models takes minutes): the longest train step first. The others' compiles wait here until its report is out, so
-  a report held back for the others would time out."""
+  a report held back for the others would time out. Meanwhile the log says how many are compiled, for how long,
+  and the host's peak memory (here from the start: the progress threshold set to 0)."""
+  monkeypatch.setattr(progress, 'AFTER', 0.0)
+  caplog.set_level(logging.INFO, logger='absl')
   first_given = threading.Event()
 
   def analysis(program, lowered, topology):
@@ -344,6 +352,10 @@ def test_compile_only_gives_each_program_as_soon_as_it_is_compiled(monkeypatch):
   assert next(reports) == ('train step, batch 32×64', TOPOLOGY)
   first_given.set()
   assert sorted(reports) == [('eval step, batch 64×64', TOPOLOGY), ('train step, batch 64×32', TOPOLOGY)]
+  said = [message for message in caplog.messages if message.startswith(f'compiling for {TOPOLOGY}: ')]
+  assert re.fullmatch(rf'compiling for {TOPOLOGY}: [0-3] of 3 programs, .*\d+s so far, peak host memory \d+\.\d GiB',
+                      said[0]), said
+  assert said[-1].startswith(f'compiling for {TOPOLOGY}: 3 programs done in ')
 
 
 def test_fits_refuses_a_row_whose_compiled_flops_fall_below_the_models(monkeypatch):

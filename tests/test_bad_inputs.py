@@ -5,8 +5,10 @@ then every entry point in a subprocess (exit status and a single line on stderr,
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -319,7 +321,8 @@ def _run(entry_points, args, stdin=None):
      'CFG/nope.tsv does not exist: fix data config key files.test.tsv'),  # before training, not after it
     (['eval.py', f'--workdir={LEGACY}', '--average_last=-1'], 'flag --average_last=-1: -1 is not a positive integer'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_sise=2'],
-     "a --config.* override names no key of the config: 'beam_sise'"),
+     '--config.decode.beam_sise: the config has no key decode.beam_sise; did you mean decode.beam_size or '
+     'decode.batch_size? valid keys of decode: alpha, batch_size, beam_size, max_len_offset, max_new_tokens, '),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.beam_size=0'], 'decode.beam_size must be >= 1, got 0.'),
     (['eval.py', f'--workdir={LEGACY}', '--config.decode.top_k=5'],
      "--config.decode.top_k is not read while model.architecture='encoder_decoder', only when it is 'decoder_only'"),
@@ -408,15 +411,66 @@ def test_a_loss_that_goes_non_finite_before_any_checkpoint_stops_train_py_in_one
 
 
 @pytest.mark.slow
-def test_a_cpu_run_says_nothing_about_accelerators_it_does_not_have():
-  """With libtpu installed (requirements-test.txt) and no JAX_PLATFORMS, JAX would try the TPU and log its failure."""
-  env = {k: v for k, v in helpers.subprocess_env().items() if k != 'JAX_PLATFORMS'}
-  result = subprocess.run([sys.executable, '-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy'],
-                          input='The dog sees the cat.\n', cwd=helpers.REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+@pytest.mark.parametrize('args, stdin, output', [
+    (['-m', 'transformer_jax.devices'], None, re.escape('[CpuDevice(id=0)]\n')),
+    (['-m', 'transformer_jax.translate', f'--workdir={LEGACY}', '--method=greedy'], 'The dog sees the cat.\n',
+     r'[^\n]*\n'),  # one line (the legacy run's model is barely trained)
+    (['-m', 'bench.attention', '--lengths=16', '--implementations=reference', '--repeats=1'], None,
+     r'\{"bench": "attention", .*"backend": "cpu".*\n\{"length": 16, "implementation": "reference", .*\| 16 \| .*'),
+], ids=['devices', 'translate', 'bench'])
+def test_a_cpu_run_says_nothing_about_accelerators_it_does_not_have(args, stdin, output):
+  """With every requirements file installed (libtpu and the CUDA plugin: requirements-test.txt) and no JAX_PLATFORMS,
+  JAX would start both and print their failures (about 25 lines); a tool, the devices check and a bench script on
+  this CPU machine print their own output and log lines only."""
+  env = {k: v for k, v in helpers.subprocess_env(device_count=1).items() if k != 'JAX_PLATFORMS'}
+  result = subprocess.run([sys.executable, *args], input=stdin, cwd=helpers.REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert len(result.stdout.splitlines()) == 1
-  assert 'tpu' not in result.stderr.lower() and 'Unable to initialize backend' not in result.stderr, result.stderr
+  assert not helpers.noise(result.stderr), result.stderr
+  assert re.fullmatch(output, result.stdout, re.DOTALL), result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('args, listed', [
+    (['train.py'], 'compile_only config coordinator_address distributed host_memory num_processes process_id topology '
+                   'workdir'),
+    (['eval.py'], 'average_last compare_method compare_samples compare_seed compare_to config coordinator_address '
+                  'distributed num_processes process_id save_averaged split step workdir'),
+    (['sweep.py'], 'collect config print_commands python sweep workdir'),
+    (['-m', 'transformer_jax.translate'], 'average_last batch_size beam_size engine method model step truncate workdir'),
+    (['-m', 'transformer_jax.export'], 'average_last format out quantization step workdir'),
+], ids=['train', 'eval', 'sweep', 'translate', 'export'])
+def test_help_lists_a_tools_own_flags_and_those_it_shares(entry_points, args, listed):
+  """The flags a tool takes from `cli` (--config, the checkpoint flags) and `distributed` are its own in --help,
+  not only under --helpfull; absl's logging flags stay there."""
+  result = entry_points.run([*args, '--help'], text=True)
+  assert re.findall(r'^  --(?:\[no\])?(\w+)', result.stdout, re.MULTILINE) == listed.split(), result.stdout
+
+
+def _reading_stdin(pid: int) -> bool:
+  """Whether process `pid` waits in a read of its file descriptor 0, a pipe (Linux's /proc: the system call's first
+  argument, and where the process sleeps)."""
+  with open(f'/proc/{pid}/syscall', encoding='ascii') as syscall, open(f'/proc/{pid}/wchan', encoding='ascii') as wchan:
+    return syscall.read().split()[1:2] == ['0x0'] and 'pipe' in wchan.read()
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_tool_in_one_line(tmp_path):
+  """A tool interrupted (here generate, waiting for its prompts on standard input) says so in one line and ends as
+  by the signal, without a traceback."""
+  process = subprocess.Popen([sys.executable, '-m', 'transformer_jax.generate', f'--workdir={tmp_path}'],
+                             cwd=helpers.REPO, env=helpers.subprocess_env(device_count=1), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 240
+    while not _reading_stdin(process.pid):  # its prompts: then it has started, and only the signal can end it
+      assert process.poll() is None and time.time() < deadline, process.communicate()
+      time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert (process.returncode, stdout, stderr) == (-signal.SIGINT, '', 'interrupted\n')
 
 
 @pytest.mark.slow

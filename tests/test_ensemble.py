@@ -201,7 +201,7 @@ def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
                                                                                           'ensemble')
   assert saved['params'] == 2 * sum(x.size for x in _host(restoring.restore(config, workdir).params))
   single = scoring.teacher_forced_metrics(restoring.restore(config, workdir, step=4),
-                                          sources.load_split(config.data, 'validation'))
+                                          sources.load_split(config.data, 'validation'), 'validation')
   assert saved['validation_nll'] != single['nll']  # the ensemble's own loss, not a member's
   assert {k: v for k, v in helpers.tree_digest(workdir).items() if k in before} == before  # results.json kept
   assert 'ensemble of' in scoring.describe(results, 0)

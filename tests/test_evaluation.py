@@ -2,7 +2,9 @@
 search, BLEU, translate."""
 
 import json
+import logging
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from transformer_jax.inference import generation
 from transformer_jax.inference import restoring
 from transformer_jax.jobs import scoring
 from transformer_jax.jobs import trainer
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import checkpoint
 from transformer_jax.training import steps
@@ -213,6 +216,22 @@ def test_evaluating_another_checkpoint_keeps_the_final_evaluation(trained):
   assert earlier['translations']['hyp'] == Workdir(workdir).translation_file('test', 'hyp', 'step10')
   with open(Workdir(workdir).final_results_file, 'rb') as f:
     assert f.read() == final_bytes
+
+
+@pytest.mark.slow
+def test_the_final_evaluations_restore_scoring_and_translation_report_their_progress(trained, monkeypatch, caplog):
+  """Each wait reports how far it is (here from its start: the threshold set to 0) and a last line when it ends."""
+  config, workdir = trained
+  monkeypatch.setattr(progress, 'AFTER', 0.0)
+  caplog.set_level(logging.INFO, logger='absl')
+  scoring.evaluate_split(restoring.restore(config, workdir), workdir, 'test')
+  sentences = config.data.builtin_eval_size
+  for what, total, unit in ((f'restoring {workdir}', 1, 'checkpoints'), ('scoring test (teacher-forced)', sentences,
+                                                                         'sentences'),
+                            ('translating test', sentences, 'sentences')):
+    said = [message for message in caplog.messages if message.startswith(f'{what}: ')]
+    assert re.match(rf'\d+ of {total} {unit}, ', said[0][len(what) + 2:]), said
+    assert said[-1].startswith(f'{what}: {total} {unit} done in '), said
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def trained(seeded_runs):
 
 
 def _restore(config, workdir):
-  """Params, model and tokenizer of the latest checkpoint (the one call into the restore API)."""
+  """Params, model and tokenizer of the run's final model (the one call into the restore API)."""
   return restoring.restore(config, workdir)
 
 

@@ -292,6 +292,25 @@ def test_exported_directory_holds_a_model_card_with_config_data_and_scores(expor
                                      'source.spm', 'target.spm', 'tokenizer_config.json', 'vocab.json']
 
 
+@pytest.mark.slow
+def test_a_converted_export_of_ours_evaluates_what_its_run_evaluated(entry_points, exported, tmp_path):
+  """The card carries the run's config: the workdir converted from the export keeps the run's data, eval and decode
+  settings (here the built-in corpus's 200 test sentences, not the default 2,000) and evaluates them."""
+  workdir, out = exported
+  converted = str(tmp_path / 'converted')
+  result = entry_points.run(['-m', 'transformer_jax.convert', f'--from_hf={out}', f'--workdir={converted}'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  original, imported_config = config_lib.of_run(workdir), config_lib.of_run(converted)
+  for section in ('data', 'eval', 'decode'):
+    assert imported_config[section].to_dict() == original[section].to_dict(), section
+  result = entry_points.run(['eval.py', f'--workdir={converted}'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(os.path.join(converted, 'results.json'), encoding='utf-8') as f:
+    evaluated = json.load(f)
+  assert (evaluated['split'], evaluated['num_sentences']) == ('test', original.data.builtin_eval_size) == ('test', 200)
+  assert card.training_config(str(tmp_path)) is None  # a directory without our card: nothing to bring back
+
+
 def test_the_model_card_gives_the_exported_params_scores_or_says_whose_they_are(tmp_path):
   """The card reads eval.py's results file for the exported steps; without one, the final model's, said as such."""
   config = config_lib.base_config()
@@ -482,6 +501,9 @@ def test_the_imported_workdir_fine_tunes_resumes_exactly_and_evaluates(entry_poi
             f'--workdir={run}', f'--config.train.num_steps={steps}', *FINE_TUNE]
     result = entry_points.run(args, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
+    tokenizer = os.path.join(run, 'tokenizer')  # the files it reads, not the spm.model a trained run would have
+    assert (f'Loaded tokenizer {tokenizer}/source.spm, {tokenizer}/target.spm, {tokenizer}/pieces.json ('
+            in result.stderr), result.stderr[-3000:]
 
   train(runs['straight'], 4)
   train(runs['resumed'], 2)

@@ -40,7 +40,7 @@ def test_its_params_restore_to_the_logged_validation_loss():
   config = config_lib.of_run(LEGACY)
   restored = restoring.restore(config, LEGACY, step=4)
   pairs = sources.load_split(config.data, config.eval.split)
-  values = scoring.teacher_forced_metrics(restored, pairs)
+  values = scoring.teacher_forced_metrics(restored, pairs, config.eval.split)
   with open(Workdir(LEGACY).final_results_file) as f:
     logged = json.load(f)
   np.testing.assert_allclose(values['loss'], logged['validation_loss'], rtol=1e-5)

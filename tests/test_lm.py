@@ -255,10 +255,10 @@ def test_generate_command(entry_points, trained_lm):
   lines = result.stdout.splitlines()
   assert len(lines) == 2 and lines[0] == lines[1] and lines[0].startswith('The dog')  # greedy: twice the same
   result = entry_points.run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--top_k=5', '--seed=1'],
-                            'The cat\nA friend sees\n', text=True)
+                            'The cat\n\nA friend sees\n', text=True)
   assert result.returncode == 0, result.stderr[-2000:]
-  lines = result.stdout.splitlines()
-  assert len(lines) == 2 and lines[0].startswith('The cat') and lines[1].startswith('A friend sees')
+  lines = result.stdout.splitlines()  # the empty line is a prompt too: a document from its start, in its place
+  assert len(lines) == 3 and lines[0].startswith('The cat') and lines[2].startswith('A friend sees')
   result = entry_points.run(['-m', 'transformer_jax.generate', f'--workdir={workdir}', '--prompt=x', '--top_p=1.5'],
                             text=True)
   assert result.returncode == 1

@@ -10,6 +10,7 @@ import socket
 
 import numpy as np
 import pytest
+import urllib3
 
 from transformer_jax import config as config_lib
 from transformer_jax import prepare_tfds
@@ -265,11 +266,44 @@ def test_prepare_that_cannot_download_says_what_to_do_and_leaves_the_data_dir_as
   assert sorted(tmp_path.rglob('*')) == before
 
 
+def test_prepare_says_that_tfds_retries_a_download_and_for_how_long(tmp_path, monkeypatch, caplog):
+  """tfds retries a failed download 10 times over about 3.5 minutes (urllib3's doubling backoff): each retry is one
+  line with its number and the waiting left (here 2 retries: no wait before the first, 0.4 s before the second)."""
+  from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(downloader, 'MAX_RETRIES', 2)
+  for name in ('http_proxy', 'HTTP_PROXY', 'all_proxy', 'ALL_PROXY'):
+    monkeypatch.delenv(name, raising=False)
+  with socket.socket() as unused:
+    unused.bind(('127.0.0.1', 0))
+    monkeypatch.setattr(TransformerJaxUnreachable, 'URL', f'http://127.0.0.1:{unused.getsockname()[1]}/pairs.tsv')
+  with pytest.raises(OSError, match='cannot download'):
+    prepare_tfds.prepare('transformer_jax_unreachable/de-en', str(tmp_path))
+  said = [record.getMessage() for record in caplog.records if record.name == 'urllib3.connectionpool']
+  assert said == [f'transformer_jax_unreachable/de-en: downloading /pairs.tsv failed (NewConnectionError): retry {n} '
+                  'of 2; tfds gives up after about 0s more' for n in (1, 2)]
+  # tfds' own settings, 10 retries with a backoff factor of 0.2: 0, 0.4, 0.8, ... 102.4 s between them.
+  retry, error = urllib3.util.Retry(total=10, backoff_factor=0.2), urllib3.exceptions.NewConnectionError(None, 'no')
+  lines = []
+  for _ in range(10):
+    retry = retry.increment('GET', '/pairs.tsv', error=error)
+    record = logging.LogRecord('urllib3.connectionpool', logging.WARNING, 'connectionpool.py', 1,
+                               "Retrying (%r) after connection broken by '%r': %s", (retry, error, '/pairs.tsv'),
+                               None)
+    prepare_tfds._SayRetries('wmt14_translate/de-en').filter(record)  # pylint: disable=protected-access
+    lines.append(record.getMessage().split(': retry ')[1])
+  assert lines == ['1 of 10; tfds gives up after about 3m24s more', '2 of 10; tfds gives up after about 3m24s more',
+                   '3 of 10; tfds gives up after about 3m24s more', '4 of 10; tfds gives up after about 3m23s more',
+                   '5 of 10; tfds gives up after about 3m22s more', '6 of 10; tfds gives up after about 3m18s more',
+                   '7 of 10; tfds gives up after about 3m12s more', '8 of 10; tfds gives up after about 2m59s more',
+                   '9 of 10; tfds gives up after about 2m34s more', '10 of 10; tfds gives up after about 1m42s more']
+
+
 def test_tfds_not_prepared_says_how_to_prepare(tmp_path):
   with pytest.raises(ValueError) as error:
     sources.load_split(_tfds_config(tfds_data_dir=str(tmp_path)), 'train')
   assert str(error.value) == (
-      f'wmt14_translate/de-en is not prepared in {tmp_path}: on a machine with internet run: '
+      f'wmt14_translate/de-en is not prepared in {tmp_path} (data.tfds_data_dir): where it is prepared elsewhere, '
+      f'pass --config.data.tfds_data_dir=THAT_DIR; else, on a machine with internet, run: '
       f'python -m transformer_jax.prepare_tfds --name=wmt14_translate/de-en '
       f'--data_dir={tmp_path}  (which runs: tfds build wmt14_translate/de-en '
       f'--file_format=array_record --data_dir={tmp_path})')

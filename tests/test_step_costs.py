@@ -18,6 +18,7 @@ import helpers
 from bench import kernel_registers
 from bench import step_costs
 from bench import step_profile
+from transformer_jax import config as config_lib
 from transformer_jax.compile import hlo_costs
 from transformer_jax.compile import step_parts
 from transformer_jax.compile import topologies
@@ -350,9 +351,8 @@ def test_element_wise_ops_on_integers_are_counted_apart():
 def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops():
   """One layer per side of base width for v4-8 (as tests/test_aot.py): the matmul FLOPs attributed equal the
   analytic count, the pre-softmax part carries its three [tokens × d × vocab] matmuls, and the parts sum up."""
-  config = step_costs.load_config('configs/wmt14_ende_base.py:runlocal', 'v4-8', 'data',
-                                  ['model.num_encoder_layers=1', 'model.num_decoder_layers=1',
-                                   'model.cpu_kernels=off'])
+  config = step_costs.for_topology(config_lib.load('configs/wmt14_ende_base.py:runlocal', {
+      'model.num_encoder_layers': 1, 'model.num_decoder_layers': 1, 'model.cpu_kernels': 'off'}), 'v4-8', 'data')
   record = step_costs.measure(config, 'v4-8')
   parts = {p['name']: p for p in record['parts']}
   assert record['bytes'] == sum(p['bytes'] for p in parts.values())
@@ -447,8 +447,24 @@ def test_step_profile_refuses_cuda_graph_traces_and_a_folder_without_its_hlo(tmp
     step_profile.profile_parts(folder, steps=1)
 
 
+@pytest.mark.slow
+def test_the_command_takes_and_checks_overrides_as_train_py_does(entry_points):
+  """--config.KEY=VALUE, as every tool takes it: a key the config lacks, and a value train.py refuses, are one line
+  each, before anything compiles."""
+  command = ['-m', 'bench.step_costs', '--config=configs/wmt14_ende_base.py:runlocal']
+  unknown = entry_points.run([*command, '--config.model.num_encoder_layer=1'], text=True)
+  assert unknown.returncode == 1 and unknown.stderr.splitlines()[-1].startswith(
+      'FATAL Flags parsing error: --config.model.num_encoder_layer: the config has no key model.num_encoder_layer; '
+      'did you mean model.num_encoder_layers')
+  refused = entry_points.run([*command, '--config.train.warmup_steps=100000'], text=True)
+  assert refused.returncode == 1
+  assert refused.stderr.splitlines()[-1] == ('error: train.warmup_steps=100000 > train.num_steps=200: lower the warmup '
+                                             'or train longer.')
+  assert not refused.stdout
+
+
 def test_registers_are_read_for_a_gpu_program_only():
-  config = step_costs.load_config('configs/wmt14_ende_base.py:runlocal', 'v4-8', 'data', [])
+  config = step_costs.for_topology(config_lib.load('configs/wmt14_ende_base.py:runlocal'), 'v4-8', 'data')
   with pytest.raises(SystemExit, match='--registers reads the PTX of a GPU program: v4-8 is a TPU topology'):
     step_costs.measure(config, 'v4-8', registers=True)
 
@@ -458,10 +474,10 @@ def test_every_pallas_kernel_of_a_gpu_step_fits_its_registers():
   """A one-layer step of big's width (d_model 1024, where the residual blocks' kernels once spilled: bench/RESULTS.md)
   with attention and ReLU dropout, compiled for an H100: ptxas reports each of our Pallas kernels, and no kernel
   spills registers to local memory."""
-  config = step_costs.load_config('configs/wmt14_ende_base.py:runlocal', 'h100-1', 'data',
-                                  ['model.num_encoder_layers=1', 'model.num_decoder_layers=1', 'model.d_model=1024',
-                                   'model.num_heads=16', 'model.attention_dropout=0.1', 'model.relu_dropout=0.1',
-                                   'model.attention=flash_gpu'])  # what `auto` trains with; no cuDNN here
+  config = step_costs.for_topology(config_lib.load('configs/wmt14_ende_base.py:runlocal', {
+      'model.num_encoder_layers': 1, 'model.num_decoder_layers': 1, 'model.d_model': 1024, 'model.num_heads': 16,
+      'model.attention_dropout': 0.1, 'model.relu_dropout': 0.1,
+      'model.attention': 'flash_gpu'}), 'h100-1', 'data')  # what `auto` trains with; no cuDNN here
   found = step_costs.measure(config, 'h100-1', registers=True)['kernel_registers']
   kernels = {k['name']: k for k in found['kernels']}
   assert set(kernels) == {'attention_gpu_fwd', 'attention_gpu_dq', 'attention_gpu_dkv', 'residual_norm_fwd',

@@ -4,14 +4,17 @@ config run end to end with train.py (one variant interrupted first and resumed, 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import helpers
 from configs.table3 import VARIANTS
 from transformer_jax import sweep
+from transformer_jax.core.workdir import Workdir
 
 MICRO_CONFIG = '''
 from transformer_jax.config import base_config
@@ -88,13 +91,13 @@ def test_variant_names():
 def test_commands_and_config_args():
   variant = sweep.Variant('v', {'model.dropout': 0.1, 'model.positional': 'learned', 'model.share_embeddings': False,
                                 'pipeline.bucket_boundaries': (8, 16)}, 'A_h16')
-  args = sweep.command('configs/wmt14_ende_base.py:runlocal', variant, 'root', python='py')
-  assert args == ['py', sweep.TRAIN_PY, '--config=configs/wmt14_ende_base.py:runlocal,A_h16', '--workdir=root/v',
+  args = sweep.command('configs/wmt14_ende_base.py:runlocal', variant, 'root', python='py', train_py=helpers.TRAIN_PY)
+  assert args == ['py', helpers.TRAIN_PY, '--config=configs/wmt14_ende_base.py:runlocal,A_h16', '--workdir=root/v',
                   '--config.model.dropout=0.1', '--config.model.positional=learned',
                   '--config.model.share_embeddings=false', '--config.pipeline.bucket_boundaries=(8, 16)']
   assert sweep.config_spec('configs/default.py', sweep.Variant('v', {}, 'x')) == 'configs/default.py:x'
   with pytest.raises(ValueError, match='None cannot be passed'):
-    sweep.command('c.py', sweep.Variant('v', {'model.d_k': None}, None), 'root')
+    sweep.command('c.py', sweep.Variant('v', {'model.d_k': None}, None), 'root', train_py=helpers.TRAIN_PY)
 
 
 def test_variant_config_validates():
@@ -155,7 +158,7 @@ def test_metrics_are_read_defensively_and_compiles_left_out_of_speed(tmp_path):
          ''.join(json.dumps(line) + '\n' for line in lines) + '{"step": 50, "split": "tr')
   _write(os.path.join(tmp_path, 'v', 'checkpoints', '40', 'state'), '')
   _write(os.path.join(tmp_path, 'v', 'checkpoints', '50.orbax-checkpoint-tmp-1', 'state'), '')
-  assert len(sweep.read_metrics(os.path.join(tmp_path, 'v'))) == len(lines)
+  assert len(Workdir(os.path.join(tmp_path, 'v')).read_metrics()) == len(lines)
   assert sweep.latest_checkpoint(os.path.join(tmp_path, 'v')) == 40
   base = os.path.join(tmp_path, 'c.py')
   _write(base, 'from transformer_jax.config import base_config\n'
@@ -209,6 +212,48 @@ def test_run_continues_after_a_failure_and_reports_it(tmp_path):
   assert sweep.run(base, variants, root, train_py=fake)['seed=1'] == 'skipped'
 
 
+# A stand-in for `python train.py ...` (sweep.py --python=THIS): it says it started, then on Ctrl-C (SIGINT to the
+# terminal's process group) stops and exits 0, as train.py saves its checkpoint and does.
+FAKE_PYTHON = """#!{python}
+import os, signal, sys
+args = dict(a[2:].split('=', 1) for a in sys.argv[2:] if a.startswith('--') and '=' in a)
+os.makedirs(args['workdir'], exist_ok=True)
+signal.signal(signal.SIGINT, lambda *unused: sys.exit(0))
+open(os.path.join(args['workdir'], 'started'), 'w').close()
+signal.pause()
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_sweep_in_one_line_saying_how_to_resume(tmp_path):
+  base, sweep_file, root = str(tmp_path / 'micro.py'), str(tmp_path / 'micro_sweep.py'), tmp_path / 'root'
+  _write(base, MICRO_CONFIG)
+  _write(sweep_file, MICRO_SWEEP)
+  fake = tmp_path / 'fake_python'
+  _write(str(fake), FAKE_PYTHON.format(python=sys.executable))
+  fake.chmod(0o755)
+  name = sweep.variants(sweep.load_sweep_file(sweep_file).get_sweep())[0].name
+  process = subprocess.Popen([sys.executable, 'sweep.py', f'--config={base}', f'--sweep={sweep_file}',
+                              f'--workdir={root}', f'--python={fake}'], cwd=helpers.REPO,
+                             env=helpers.subprocess_env(device_count=1), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    deadline = time.time() + 240
+    while not (root / name / 'started').exists():
+      assert process.poll() is None and time.time() < deadline, process.communicate()
+      time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
+    stdout, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert process.returncode == -signal.SIGINT, stderr
+  assert helpers.noise(stderr) == [
+      f'interrupted: [1/2] {name} stopped (its train.py saves and stops); rerun the sweep to resume'], stderr
+  assert stdout.splitlines() == [f'[1/2] {name}: starting']
+  with open(root / sweep.LOG_FILE, encoding='utf-8') as f:
+    assert f.read().splitlines()[-1].endswith(f'[1/2] {name}: interrupted; rerun the sweep to resume')
+
+
 # ----------------------------------------------------------------------------- end to end
 
 
@@ -222,7 +267,8 @@ def micro_sweep(tmp_path_factory):
   env = helpers.subprocess_env(device_count=1)
   variants = sweep.variants(sweep.load_sweep_file(sweep_file).get_sweep())
   interrupted = os.path.join(root, variants[0].name)
-  first = subprocess.run(sweep.command(base, variants[0], root) + ['--config.train.num_steps=4'], cwd=helpers.REPO,
+  first = subprocess.run(sweep.command(base, variants[0], root, train_py=helpers.TRAIN_PY)
+                         + ['--config.train.num_steps=4'], cwd=helpers.REPO,
                          env=env, capture_output=True, text=True, timeout=300)
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   assert sweep.latest_checkpoint(interrupted) == 4
@@ -252,7 +298,7 @@ def test_interrupted_variant_resumes_from_its_checkpoint(micro_sweep):
   for other in micro_sweep['variants'][1:]:
     assert f'{other.name}: starting' in micro_sweep['stdout']
   workdir = os.path.join(micro_sweep['root'], name)
-  train_steps = [r['step'] for r in sweep.read_metrics(workdir) if r['split'] == 'train']
+  train_steps = [r['step'] for r in Workdir(workdir).read_metrics() if r['split'] == 'train']
   assert train_steps == [4, 8]  # steps 1-4 once (the first run), 5-8 after resuming; a restart would log 4 twice
   with open(os.path.join(workdir, 'train.log')) as f:
     assert 'resumed from step 4' in f.read()
@@ -290,11 +336,13 @@ def test_rerun_skips_finished_variants(micro_sweep):
     return files
 
   before = snapshot()
-  assert sweep.run(micro_sweep['base'], variants, root) == {v.name: 'skipped' for v in variants}
+  outcome = sweep.run(micro_sweep['base'], variants, root, train_py=helpers.TRAIN_PY)
+  assert outcome == {v.name: 'skipped' for v in variants}
   assert snapshot() == before  # no checkpoint, log or result touched: nothing retrained
   with open(os.path.join(root, sweep.LOG_FILE)) as f:
     assert sum('skipped, finished at step 8' in line for line in f) == len(variants)
-  assert sweep.commands(micro_sweep['base'], variants, root) == [f'# {v.name}: finished' for v in variants]
+  assert sweep.commands(micro_sweep['base'], variants, root, train_py=helpers.TRAIN_PY) == [
+      f'# {v.name}: finished' for v in variants]
 
 
 @pytest.mark.slow

@@ -333,14 +333,20 @@ def test_non_finite_skip_mode_never_applies_or_saves_it(good_run, tmp_path):
 
 @pytest.mark.slow
 def test_unknown_config_key_on_the_command_line(entry_points, tmp_path):
-  for override, expected in (('train.nonexistent', "'nonexistent'"),
-                             ('train.num_step', 'Did you mean "num_steps" instead of "num_step"?')):
+  """The key is named in full (not only its last part), with the closest keys and those of its section."""
+  for override, expected in (
+      ('model.foo', 'the config has no key model.foo; valid keys of model: activation, architecture, '),
+      ('train.num_step', 'the config has no key train.num_step; did you mean train.num_steps or train.warmup_steps? '
+                         'valid keys of train: adam_b1, '),
+      ('modl.d_model', 'the config has no key modl; did you mean model? valid keys of the config: data, decode, eval, '
+                       'mesh, model, pipeline, tokenizer, train.'),
+      ('model.d_model.x', 'model.d_model is a value (int), not a section with keys.')):
     result = entry_points.run(helpers.train_args(str(tmp_path / 'unused'), f'--config.{override}=1'),
                               text=True)
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert 'a --config.* override names no key of the config' in lines[0] and expected in lines[0]
+    assert lines[0].startswith(f'FATAL Flags parsing error: --config.{override}: {expected}'), lines[0]
     assert not os.path.exists(tmp_path / 'unused')
 
 

@@ -11,6 +11,7 @@ import traceback
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
@@ -22,11 +23,32 @@ from transformer_jax.runtime import backends
 USER_ERRORS = (ValueError, OSError, ArithmeticError, MissingDependencyError)
 
 
+def _interrupted_in_one_line(previous):
+  """A `sys.excepthook`: Ctrl-C (a KeyboardInterrupt nothing caught, while a tool imports or runs) ends the process
+  with one line, 'interrupted' and what to do next where the tool says (its exception's message), instead of a
+  traceback; Python still exits as by the signal (status 130). Any other exception goes to `previous`."""
+
+  def hook(kind, value, traceback_):
+    if not issubclass(kind, KeyboardInterrupt):
+      return previous(kind, value, traceback_)
+    sys.stderr.write(f'interrupted: {one_line(value)}\n' if value.args else 'interrupted\n')
+    return None
+
+  return hook
+
+
+sys.excepthook = _interrupted_in_one_line(sys.excepthook)  # from the tool's first import of this module on
+
+
 class _ConfigFileParser(flags.ArgumentParser):
-  """Reads --config files with `config.load_file`, whose every failure is one line naming the file."""
+  """Reads --config files with `config.load_file`, whose every failure is one line naming the file; keeps the last
+  config read (`loaded`), for the error of an override that names no key of it."""
+
+  loaded = None
 
   def parse(self, argument):
-    return config_lib.load_file(argument)
+    self.loaded = config_lib.load_file(argument)
+    return self.loaded
 
   def flag_type(self):
     return 'config object'
@@ -34,13 +56,13 @@ class _ConfigFileParser(flags.ArgumentParser):
 
 def define_config_file_flag(default: str, help_string: str):
   """--config=path/to/config.py[:arguments] plus --config.key=value overrides (the config is locked: an override
-  of a key it lacks fails with ml_collections' 'Did you mean' hint)."""
+  of a key it lacks fails naming the key in full, with the closest keys)."""
   holder = config_flags.DEFINE_config_file('config', None, help_string, lock_config=True)
   flags.FLAGS['config'].parser = _ConfigFileParser()
   try:
     flags.FLAGS.set_default('config', default)  # without --config on the command line the default loads here
   except Exception as e:  # pylint: disable=broad-except  # a config file runs arbitrary code
-    sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e, sys.argv, _config_read())}')
   return holder
 
 
@@ -49,7 +71,7 @@ def define_config_overrides_flag(base, help_string: str):
   try:  # ml_collections reads the command line's --config.* keys as it defines the flag
     return config_flags.DEFINE_config_dict('config', base, help_string, lock_config=True)
   except (KeyError, AttributeError) as e:
-    sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e, sys.argv, base)}')
 
 
 def overrides() -> dict:
@@ -66,7 +88,8 @@ class CheckpointFlags:
     self._workdirs = flags.DEFINE_multi_string(
         'workdir', None, 'The training run\'s workdir; repeat it for an ensemble of runs.', required=workdir_required)
     self._steps = flags.DEFINE_multi_integer(
-        'step', None, 'Checkpoint step (default: the latest); repeat it for an ensemble of steps of one run.',
+        'step', None, 'Checkpoint step (default: the run\'s final model, the average of its last eval.average_last '
+        'periodic saves, as train.py\'s final evaluation); repeat it for an ensemble of steps of one run.',
         lower_bound=0)
     self._average_last = flags.DEFINE_integer(
         'average_last', None, 'Average the params of the last K checkpoints (§6.1), of every member.', lower_bound=1)
@@ -82,7 +105,8 @@ class CheckpointFlags:
     return bool(self._workdirs.value or self._steps.value or self._average_last.value)
 
   def runs(self) -> list[tuple[str, int | None]]:
-    """(workdir, step) of every member, in order; step None: the newest checkpoint that restores."""
+    """(workdir, step) of every member, in order; step None: the run's final model (or, with --average_last, the
+    average of its last K checkpoints)."""
     workdirs, steps = self._workdirs.value, self._steps.value or [None]
     if len(workdirs) > 1:
       return [(workdir, steps[0]) for workdir in workdirs]
@@ -98,10 +122,28 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except  # config files run arbitrary code while flags parse
-    sys.exit(f'FATAL Flags parsing error: {_flag_error(e)}')
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e, argv, _config_read())}')
 
 
-def _flag_error(error: BaseException) -> str:
+def _config_read():
+  """The config that --config.KEY=VALUE overrides: the file a config file's flag read last, or the template of an
+  overrides' flag; None without a --config flag."""
+  if 'config' not in flags.FLAGS:
+    return None
+  flag = flags.FLAGS['config']
+  loaded = getattr(flag.parser, 'loaded', None)
+  return loaded if loaded is not None else flag.value
+
+
+def _flag_error(error: BaseException, argv=(), config=None) -> str:
+  """One line for a flag error; where `argv` overrides a key that `config` lacks, that key, named in full with the
+  closest keys (`config.unknown_key`)."""
+  if isinstance(config, ml_collections.ConfigDict):
+    for arg in argv[1:]:
+      key = arg.removeprefix('--config.').split('=', 1)[0]
+      problem = arg.startswith('--config.') and config_lib.unknown_key(config, key)
+      if problem:
+        return f'--config.{key}: {problem}'
   if isinstance(error, (KeyError, AttributeError)) and getattr(error, 'name', None) != 'get_config':
     return f'a --config.* override names no key of the config: {one_line(error)}'
   return one_line(error)
@@ -136,10 +178,19 @@ def _unraisable_in_one_line(previous):
   return hook
 
 
+def _shared_flags_in_help() -> None:
+  """absl's --help lists the flags of the tool's own module; those this package defines for it (--config,
+  --workdir, --step, --average_last, --distributed, ...) are declared the tool's key flags, so they are listed too."""
+  for module, defined in flags.FLAGS.flags_by_module_dict().items():
+    if module.startswith('transformer_jax.'):
+      for flag in defined:
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
 def run(main):
-  """`app.run(main)` with one-line flag errors, no start-up of accelerators the machine lacks, orbax/grain/asyncio
-  logs kept short, uncatchable (unraisable) errors logged in one line each, and USER_ERRORS from `main` as one line
-  on stderr."""
+  """`app.run(main)` with one-line flag errors, the shared flags in --help, no start-up of accelerators the machine
+  lacks, orbax/grain/asyncio logs kept short, uncatchable (unraisable) errors logged in one line each, and
+  USER_ERRORS from `main` as one line on stderr."""
 
   def guarded(argv):
     backends.skip_absent_accelerators()
@@ -151,4 +202,5 @@ def run(main):
       logging.debug('%s', traceback.format_exc())
       sys.exit(f'error: {one_line(e)}')
 
+  _shared_flags_in_help()
   app.run(guarded, flags_parser=parse_flags)

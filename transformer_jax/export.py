@@ -58,7 +58,7 @@ def main(argv):
   else:
     out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer, _OUT.value,
                                     _QUANTIZATION.value, decode=config.decode)
-  print(f'wrote the {_FORMAT.value} model of step(s) {restored.steps} of {workdir} to {out}')
+  print(f'wrote the {_FORMAT.value} model to {out}: {restored.description}')
 
 
 if __name__ == '__main__':

@@ -3,7 +3,8 @@ python -m transformer_jax.generate --workdir=DIR --prompt="The dog" [--max_new_t
 --top_p=P --seed=S --num_samples=M], or prompts on standard input, one per line.
 
 Prints --num_samples texts per prompt, one per line, prompts in order: the prompt followed by what the model wrote,
-up to --max_new_tokens tokens or the end of its document. Each prompt goes through the model's key/value cache at
+up to --max_new_tokens tokens or the end of its document. An empty line is an empty prompt, which the model
+continues from the start of a document (an unconditional sample), where translate gives an empty line back. Each prompt goes through the model's key/value cache at
 once, then tokens are sampled from it (--temperature=0: greedy), batched and jitted once per shape. Unset flags
 take the run's `decode.*` settings (an unset --max_new_tokens also stops at the model's max length).
 """
@@ -23,7 +24,8 @@ from transformer_jax.inference import restoring
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run\'s workdir.', required=True)
 _PROMPT = flags.DEFINE_string('prompt', None, 'The text to continue (default: one prompt per line of standard input).')
-_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the run\'s final model, the average of its last '
+                             'eval.average_last periodic saves, as train.py\'s final evaluation).')
 _AVERAGE_LAST = flags.DEFINE_integer('average_last', None, 'Average the last K checkpoints.')
 _NUM_SAMPLES = flags.DEFINE_integer('num_samples', 1, 'Continuations per prompt.', lower_bound=1)
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')

@@ -9,15 +9,19 @@ It is the Python form of `tfds build NAME --file_format=array_record --data_dir=
 the data directory as it found it, except for the downloads that finished, which the next build reuses.
 """
 
+import contextlib
+import logging
 import pathlib
 import shutil
 
 from absl import app
 from absl import flags
 import requests
+from urllib3.util import retry as urllib3_retry
 
 from transformer_jax import cli
 from transformer_jax.data import sources
+from transformer_jax.runtime import progress
 
 _NAME = flags.DEFINE_string('name', None, "tfds dataset with config, e.g. 'wmt14_translate/de-en'.", required=True)
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'tfds data directory (default: $TFDS_DATA_DIR or '
@@ -37,7 +41,8 @@ def prepare(name: str, data_dir: str | None) -> str:
   made_root = not root.exists()
   before = _paths_under(dataset) | _paths_under(downloads)
   try:
-    builder.download_and_prepare()
+    with _retries_said(name):
+      builder.download_and_prepare()
   except BaseException as error:
     _remove_new(dataset, before, lambda path: True)
     _remove_new(downloads, before, lambda path: _PARTIAL_DOWNLOAD in path.name)
@@ -51,6 +56,40 @@ def prepare(name: str, data_dir: str | None) -> str:
                     f'{sources.prepare_command(name, str(root))}') from error
     raise
   return str(builder.data_dir)
+
+
+class _SayRetries(logging.Filter):
+  """urllib3's retry lines ('Retrying (Retry(total=9, ...)) after connection broken by ...') said plainly: which
+  retry of how many this is, and how long tfds goes on trying (urllib3's backoff sleeps, by its own formula; time
+  spent waiting for connections comes on top)."""
+
+  def __init__(self, name: str):
+    super().__init__()
+    self._name = name
+
+  def filter(self, record):
+    if record.args and isinstance(record.args[0], urllib3_retry.Retry):
+      retry, error, url = record.args
+      history, waits = list(retry.history), []
+      for _ in range(max(retry.total, 0) + 1):  # this retry's sleep and each later one's
+        waits.append(retry.new(history=tuple(history)).get_backoff_time())
+        history.append(history[-1])
+      done = len(retry.history)
+      record.msg = '%s: downloading %s failed (%s): retry %d of %d; tfds gives up after about %s more'
+      record.args = (self._name, url, type(error).__name__, done, done + max(retry.total, 0),
+                     progress.duration(sum(waits)))
+    return True
+
+
+@contextlib.contextmanager
+def _retries_said(name: str):
+  """Inside, urllib3's retries of `name`'s downloads are logged by `_SayRetries`."""
+  logger, said = logging.getLogger('urllib3.connectionpool'), _SayRetries(name)
+  logger.addFilter(said)
+  try:
+    yield
+  finally:
+    logger.removeFilter(said)
 
 
 def _paths_under(top: pathlib.Path) -> set[pathlib.Path]:

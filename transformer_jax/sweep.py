@@ -36,7 +36,6 @@ import dataclasses
 import datetime
 import io
 import itertools
-import json
 import math
 import os
 import re
@@ -53,7 +52,6 @@ from transformer_jax.core import files
 from transformer_jax.core.workdir import Workdir
 
 CONFIG_ARG = 'config_arg'
-TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 LOG_FILE = 'sweep.log'  # <root>/sweep.log: what the runner did; each variant's train.py output: Workdir.train_log
 RESULT_COLUMNS = ('status', 'step', 'train_loss', 'eval_loss', 'bleu', 'chrf', 'chrf++', 'tokenized_bleu', 'test_loss',
                   'params', 'steps_per_second')
@@ -216,9 +214,8 @@ def _flag_value(key: str, value) -> str:
   return str(value)
 
 
-def command(base: str, variant: Variant, root: str, python: str = sys.executable,
-            train_py: str = TRAIN_PY) -> list[str]:
-  """The train.py command line of one variant."""
+def command(base: str, variant: Variant, root: str, python: str = sys.executable, *, train_py: str) -> list[str]:
+  """The train.py command line of one variant (`train_py`: the path sweep.py runs, its sibling)."""
   args = [python, train_py, f'--config={config_spec(base, variant)}',
           f'--workdir={os.path.join(root, variant.name)}']
   args += [f'--config.{key}={_flag_value(key, value)}' for key, value in variant.overrides.items()]
@@ -226,31 +223,6 @@ def command(base: str, variant: Variant, root: str, python: str = sys.executable
 
 
 # ----------------------------------------------------------------------------- state of a workdir
-
-
-def _read_json(path: str) -> dict | None:
-  """A run's results, or None while it has none (or while they are being written)."""
-  try:
-    return files.read_json(path, 'results')
-  except (OSError, ValueError):
-    return None
-
-
-def read_metrics(workdir: str) -> list[dict]:
-  """The lines of metrics.jsonl that parse (a killed run may leave a partial last line)."""
-  records = []
-  try:
-    with open(Workdir(workdir).metrics_file, encoding='utf-8') as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except ValueError:
-          continue
-        if isinstance(record, dict) and isinstance(record.get('step'), int):
-          records.append(record)
-  except OSError:
-    pass
-  return records
 
 
 def latest_checkpoint(workdir: str) -> int | None:
@@ -262,19 +234,8 @@ def latest_checkpoint(workdir: str) -> int | None:
   return max(steps, default=None)
 
 
-def final_results(workdir: str, num_steps: int) -> dict | None:
-  """results.json if the run is finished: it exists and is the evaluation of step num_steps."""
-  results = _read_json(Workdir(workdir).final_results_file)
-  if results is None:
-    return None
-  step = results.get('step')
-  if step is None:  # older evaluations: fall back on the last logged training step
-    step = max((r['step'] for r in read_metrics(workdir) if r.get('split') == 'train'), default=None)
-  return results if step == num_steps else None
-
-
 def is_finished(workdir: str, num_steps: int) -> bool:
-  return final_results(workdir, num_steps) is not None
+  return Workdir(workdir).finished_results(num_steps) is not None
 
 
 # ----------------------------------------------------------------------------- running
@@ -287,14 +248,15 @@ class Log:
     os.makedirs(root, exist_ok=True)
     self.path = os.path.join(root, LOG_FILE)
 
-  def __call__(self, message: str):
-    print(message, flush=True)
+  def __call__(self, message: str, show: bool = True):
+    if show:
+      print(message, flush=True)
     with open(self.path, 'a', encoding='utf-8') as f:
       f.write(f'{datetime.datetime.now().isoformat(timespec="seconds")} {message}\n')
 
 
-def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = sys.executable,
-        train_py: str = TRAIN_PY) -> dict[str, str]:
+def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = sys.executable, *,
+        train_py: str) -> dict[str, str]:
   """Trains every unfinished variant, one after another; returns name -> 'skipped'|'finished'|'failed: ...'."""
   configs = {v.name: variant_config(base, v) for v in sweep_variants}  # fail on any bad variant before training
   log = Log(root)
@@ -309,7 +271,7 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
       continue
     latest = latest_checkpoint(workdir)
     log(f'{tag}: resuming from checkpoint {latest}' if latest is not None else f'{tag}: starting')
-    args = command(base, variant, root, python, train_py)
+    args = command(base, variant, root, python, train_py=train_py)
     os.makedirs(workdir, exist_ok=True)
     with open(Workdir(workdir).train_log, 'a', encoding='utf-8') as train_log:
       train_log.write(f'$ {shlex.join(args)}\n')
@@ -319,8 +281,8 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
         returncode = process.wait()
       except KeyboardInterrupt:  # train.py got the signal too: let it save its checkpoint before leaving
         process.wait()
-        log(f'{tag}: interrupted; rerun the sweep to resume')
-        raise
+        log(f'{tag}: interrupted; rerun the sweep to resume', show=False)  # the tool's last line says it
+        raise KeyboardInterrupt(f'{tag} stopped (its train.py saves and stops); rerun the sweep to resume') from None
     if returncode == 0 and is_finished(workdir, num_steps):
       log(f'{tag}: finished')
       outcome[variant.name] = 'finished'
@@ -331,8 +293,8 @@ def run(base: str, sweep_variants: Sequence[Variant], root: str, python: str = s
   return outcome
 
 
-def commands(base: str, sweep_variants: Sequence[Variant], root: str, python: str = 'python',
-             train_py: str = TRAIN_PY) -> list[str]:
+def commands(base: str, sweep_variants: Sequence[Variant], root: str, python: str = 'python', *,
+             train_py: str) -> list[str]:
   """One shell command per unfinished variant (finished ones as comments), for a cluster scheduler."""
   lines = []
   for variant in sweep_variants:
@@ -340,7 +302,7 @@ def commands(base: str, sweep_variants: Sequence[Variant], root: str, python: st
     if is_finished(os.path.join(root, variant.name), num_steps):
       lines.append(f'# {variant.name}: finished')
     else:
-      lines.append(shlex.join(command(base, variant, root, python, train_py)))
+      lines.append(shlex.join(command(base, variant, root, python, train_py=train_py)))
   return lines
 
 
@@ -377,8 +339,8 @@ def result_row(base: str, variant: Variant, root: str, outcome: str | None = Non
   """
   workdir = os.path.join(root, variant.name)
   num_steps = variant_config(base, variant).train.num_steps
-  records = read_metrics(workdir)
-  results = final_results(workdir, num_steps)
+  records = Workdir(workdir).read_metrics()
+  results = Workdir(workdir).finished_results(num_steps)
   step = max((r['step'] for r in records if r.get('split') == 'train'), default=None)
   if results is not None:
     status = 'finished'

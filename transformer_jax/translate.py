@@ -1,7 +1,8 @@
 """Translates text: python -m transformer_jax.translate --workdir=DIR [--workdir=DIR2 ... | --step=N ...]
 < in.txt > out.txt, or with an export: python -m transformer_jax.translate --engine=ctranslate2 --model=DIR
 
-One sentence per input line, one translation per output line, in order. Empty lines come back empty.
+One sentence per input line, one translation per output line, in order. An empty (or blank) line comes back empty:
+there is nothing to translate (generate, by contrast, continues an empty prompt: a document from its start).
 A line longer than the model's max length is an error unless --truncate is given. Several --workdir (or --step)
 translate with an ensemble of those models.
 """

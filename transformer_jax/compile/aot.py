@@ -26,6 +26,7 @@ from transformer_jax.config import mesh as mesh_section
 from transformer_jax.config.platform import Kernels
 from transformer_jax.core.errors import MissingDependencyError
 from transformer_jax.runtime import concurrent_compiles
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import metrics as metrics_lib
 from transformer_jax.training import run_builder
@@ -324,9 +325,11 @@ def compile_run(programs: list[Program], topology: str) -> Iterator[tuple[str, A
   once as the memory its compile took allows (`concurrent_compiles`), as the trainer compiles its batch shapes."""
   first = _longest_train_step(programs)
   ordered = [first] + [p for p in programs if p is not first]
-  with compiling_for(first.mesh.devices.flat):
+  with compiling_for(first.mesh.devices.flat), progress.Progress(
+      f'compiling for {topology}', total=len(programs), unit='programs', memory=True) as compiled:
     for program, analysis in concurrent_compiles.compile_all(
         ordered, lower, lambda program, lowered: _analysis(program, lowered, topology)):
+      compiled.advance()
       yield program.what, analysis
 
 

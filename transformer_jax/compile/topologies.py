@@ -11,6 +11,7 @@ import os
 import jax
 
 from transformer_jax.core.errors import MissingDependencyError
+from transformer_jax.runtime import backends
 from transformer_jax.training import metrics as metrics_lib
 
 GiB = 1 << 30
@@ -180,9 +181,10 @@ def topology_devices(name: str) -> tuple:
     # test workers or a second compile would otherwise be refused.
     os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
     try:
-      desc = topologies.get_topology_desc(
-          topology_name=topo.libtpu_name, platform='tpu', chip_config_name=topo.chip.chip_config,
-          chips_per_host_bounds=topo.chips_per_host, num_slices=1)
+      with backends.libtpu_loading():
+        desc = topologies.get_topology_desc(
+            topology_name=topo.libtpu_name, platform='tpu', chip_config_name=topo.chip.chip_config,
+            chips_per_host_bounds=topo.chips_per_host, num_slices=1)
     except RuntimeError as e:
       if 'TPU support not installed' in str(e):
         raise _missing_compiler_error(name) from None

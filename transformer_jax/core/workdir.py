@@ -16,6 +16,7 @@
 
 import contextlib
 import fcntl
+import json
 import os
 import socket
 
@@ -104,6 +105,35 @@ class Workdir:
   def translation_file(self, split: str, kind: str, tag: str | None = None) -> str:
     """kind: 'src', 'hyp' or 'ref'; a tag as in `results_file`: translations/<split>.<tag>.<kind>.txt."""
     return self._join('translations', '.'.join([split, *([tag] if tag else []), kind, 'txt']))
+
+  def read_metrics(self) -> list[dict]:
+    """The records of metrics.jsonl that parse (a killed run may leave a partial last line); [] without the file."""
+    records = []
+    try:
+      with open(self.metrics_file, encoding='utf-8') as f:
+        for line in f:
+          try:
+            record = json.loads(line)
+          except ValueError:
+            continue
+          if isinstance(record, dict) and isinstance(record.get('step'), int):
+            records.append(record)
+    except OSError:
+      pass
+    return records
+
+  def finished_results(self, num_steps: int) -> dict | None:
+    """results.json if the run is finished: the final evaluation of a run trained to `num_steps` (the params it
+    scored end at that step; an older results.json without its step: the last logged training step). None while
+    there is none, or while it is being written."""
+    try:
+      results = files.read_json(self.final_results_file, 'results')
+    except (OSError, ValueError):
+      return None
+    step = results.get('step')
+    if step is None:
+      step = max((r['step'] for r in self.read_metrics() if r.get('split') == 'train'), default=None)
+    return results if step == num_steps else None
 
   @property
   def lock_file(self) -> str:

@@ -61,7 +61,8 @@ class FilterStats:
 
   Counted each time an example is encoded (thread-safe), by every iterator of the dataset,
   prefetched and restored examples included; not part of the iterator state. One absl log line
-  per epoch's worth of examined examples. With pipeline.num_workers > 0 the counting happens in
+  once an epoch's worth of examples is examined (every epoch filters the same examples: later ones
+  would repeat it). With pipeline.num_workers > 0 the counting happens in
   the worker processes, on their copies: only their log lines report it (the trainer then logs no
   `dropped_examples` metric rather than this object's 0).
   """
@@ -87,14 +88,14 @@ class FilterStats:
             f' ({self.too_long} longer than max_length, {self.empty} empty after encoding)')
 
   def record(self, reason: str | None, epoch_size: int, max_length: int):
-    """Counts one example (`reason` is None, 'too_long' or 'empty'); logs once per epoch."""
+    """Counts one example (`reason` is None, 'too_long' or 'empty'); logs after the first epoch's worth."""
     with self._lock:
       self.examined += 1
       if reason is not None:
         setattr(self, reason, getattr(self, reason) + 1)
-      if self.examined % epoch_size:
+      if self.examined != epoch_size:
         return
-      logging.info('Training data filter: %s.', self)
+      logging.info('Training data filter: %s.', str(self))  # its counts now, not when the line is read
       if self.dropped == self.examined:
         raise ValueError(f'The training filter {self}; raise pipeline.max_length={max_length} or'
                          ' check the data.')

@@ -201,8 +201,9 @@ def _tfds_failure(builder: Any, name: str, split: str, error: Exception) -> str:
   """A one-line reason why `as_data_source(split)` failed."""
   data_dir = str(builder.data_dir_root)
   if not builder.is_prepared():
-    return f'{name} is not prepared in {data_dir}: on a machine with internet run: ' + (
-        prepare_command(name, data_dir))
+    return (f'{name} is not prepared in {data_dir} (data.tfds_data_dir): where it is prepared elsewhere, pass '
+            f'--config.data.tfds_data_dir=THAT_DIR; else, on a machine with internet, run: '
+            f'{prepare_command(name, data_dir)}')
   formats = sorted(f.value for f in builder.info.available_file_formats())
   if 'array_record' not in formats:
     return (f'{name} is prepared in {data_dir} as {formats}, not array_record, which random '

@@ -238,7 +238,8 @@ def load_or_train_tokenizer(config: ml_collections.ConfigDict, path: str,
           f'{path} has vocab_size={saved[0]}, model_type={saved[1]!r} but the config asks for'
           f' vocab_size={config.vocab_size}, model_type={config.model_type!r}; set tokenizer.*'
           ' to match or use a new workdir.')
-    logging.info('Loaded tokenizer %s (%s, %d pieces).', path, saved[1], saved[0])
+    where = ', '.join(tokenizer.files.values()) if isinstance(tokenizer, PairTokenizer) else path
+    logging.info('Loaded tokenizer %s (%s, %d pieces).', where, saved[1], saved[0])
     return tokenizer
   logging.info('Training a %s tokenizer with %d pieces on up to %d sentences.',
                config.model_type, config.vocab_size, config.sample_size)

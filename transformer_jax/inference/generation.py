@@ -18,6 +18,7 @@ from transformer_jax.inference.restoring import Restored
 from transformer_jax.model import ensemble
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.transformer import LanguageModel, Transformer
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 
 METHODS = ('beam', 'greedy', 'sample')
@@ -163,15 +164,16 @@ def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'be
                           method=method, beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha)
 
 
-def translate_pairs(restored: Restored, pairs, decode_cfg) -> list[str]:
-  """Detokenized translations of every pair's source, in order."""
+def translate_pairs(restored: Restored, pairs, decode_cfg, what: str = 'translating') -> list[str]:
+  """Detokenized translations of every pair's source, in order; a long pass reports its progress as `what`."""
   batches = pipeline.make_eval_batches(pairs, restored.tokenizer, decode_cfg.batch_size,
                                        max_length=restored.position_limit,
                                        process_index=jax.process_index(), process_count=jax.process_count())
   out = [''] * len(pairs)
-  with restored.on_mesh():
+  with restored.on_mesh(), progress.Progress(what, total=len(pairs), unit='sentences') as translated:
     for index, ids in translate_batches(restored, batches, decode_cfg):
       out[index] = restored.tokenizer.decode(ids)
+      translated.advance()
   return out
 
 
@@ -195,9 +197,10 @@ def translate_lines(restored: Restored, lines: list[str], *, method='beam', beam
     batches = pipeline.batch_examples(examples, rows, process_index=jax.process_index(),
                                       process_count=jax.process_count())
     out = [''] * len(kept)
-    with restored.on_mesh():
+    with restored.on_mesh(), progress.Progress('translating', total=len(kept), unit='sentences') as translated:
       for i, ids in translate_batches(restored, batches, decode_cfg, method):
         out[i] = restored.tokenizer.decode(ids)
+        translated.advance()
     return out
 
   return text_input.translate_nonblank(lines, translate)
@@ -231,8 +234,9 @@ def continue_prompts(restored: Restored, prompts: list[str], *, max_new_tokens: 
   sampling = {'method': 'greedy'} if temperature == 0 else {
       'method': 'sample', 'temperature': temperature, 'top_k': top_k, 'top_p': top_p}
   texts = [''] * len(rows)
-  with restored.on_mesh():
+  with restored.on_mesh(), progress.Progress('generating', total=len(rows), unit='texts') as generated:
     for index, ids in generate_batches(restored, batches, lambda width: max_new_tokens, jax.random.key(seed),
                                        **sampling):
       texts[index] = restored.tokenizer.decode(rows[index] + [int(i) for i in ids])
+      generated.advance()
   return [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(prompts))]

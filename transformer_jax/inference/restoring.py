@@ -16,6 +16,7 @@ from transformer_jax.model import ensemble
 from transformer_jax.model import layer_layout
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.transformer import LanguageModel, Transformer
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import checkpoint
 from transformer_jax.training import steps
@@ -29,6 +30,7 @@ class Restored:
   config: ml_collections.ConfigDict  # the first member's run: its decode, eval and data settings serve them all
   members: tuple[ensemble.Member, ...]
   origins: tuple[dict, ...]  # per member {'workdir', 'steps'}: the checkpoint step(s) of its params (averaged)
+  descriptions: tuple[str, ...]  # per member, which params these are in words (its final model, a step, ...)
   tokenizer: tokenizer_lib.Tokenizer
   mesh: jax.sharding.Mesh
   rules: tuple
@@ -60,6 +62,11 @@ class Restored:
     return self.origins[self._single()]['steps']
 
   @property
+  def description(self) -> str:
+    """Which params these are, in words: a run's final model, one step, an average; an ensemble's members."""
+    return '; '.join(self.descriptions)
+
+  @property
   def max_len(self) -> int:
     """The longest sequence every member accepts (`model.max_len`)."""
     return min(m.model.config.max_len for m in self.members)
@@ -83,24 +90,25 @@ def inference_mesh(config) -> jax.sharding.Mesh:
 
 
 def final_model_steps(config, workdir: str) -> list[int]:
-  """The checkpoint steps of the run's final model, which train.py's final evaluation averages: the newest
-  `eval.average_last` of the run's `config`, as many as exist; a fine-tune's imported params (step 0) only
-  until it has trained."""
+  """The checkpoint steps of the run's final model, which train.py's final evaluation and every tool's default use
+  (`checkpoint.final_model_candidates`: the newest `eval.average_last` periodic saves), where none is damaged."""
   manager = checkpoint.open_existing(Workdir(workdir).checkpoints)
-  saved = sorted(manager.all_steps())
+  saved = manager.all_steps()
   manager.close()
-  return ([step for step in saved if step > 0] or saved)[-config.eval.average_last:]
+  return sorted(checkpoint.final_model_candidates(config, saved)[:config.eval.average_last])
 
 
 def restore(config, workdir: str, *, step: int | None = None, average_last: int | None = None,
             mesh=None) -> Restored:
-  """Params of the latest (or given) step, or the average of the last `average_last` checkpoints."""
+  """The run's final model (`final_model_steps`), the params of a given step, or the average of the last
+  `average_last` checkpoints."""
   return restore_ensemble([(config, workdir, step)], average_last=average_last, mesh=mesh)
 
 
 def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Restored:
   """An ensemble on one inference mesh (the first run's): for each (config, workdir, step) of `runs` the params of
-  that step, of the newest checkpoint that restores (step None) or the average of the newest `average_last`.
+  that step, of the run's final model (step None: `final_model_steps`, its newest periodic saves that restore) or
+  the average of the newest `average_last` checkpoints.
 
   The members may differ in size but not in architecture, and must share the tokenizer (byte-identical
   SentencePiece models, whose size is every member's vocab_size). One run is one model. A checkpoint written with
@@ -110,7 +118,7 @@ def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Res
   tok = tokenizer_lib.load_tokenizer(Workdir(first_workdir).tokenizer_model)
   mesh = mesh or inference_mesh(first_config)
   rules = mesh_section.rules_from_config(first_config.mesh)
-  members, origins = [], []
+  members, origins, descriptions = [], [], []
   for config, workdir, step in runs:
     _check_same_tokenizer(tok, Workdir(workdir).tokenizer_model)
     tokenizer_lib.check_vocab_size(tok, config.model.vocab_size)
@@ -118,11 +126,12 @@ def restore_ensemble(runs, *, average_last: int | None = None, mesh=None) -> Res
     if members and model.config.decoder_only != members[0].model.config.decoder_only:
       raise ValueError(f'{workdir} holds a {model.config.architecture} model and {first_workdir} a '
                        f'{members[0].model.config.architecture} one: an ensemble\'s members share the architecture.')
-    params, chosen = _restore_params(model, workdir, step, average_last, mesh, rules)
-    logging.info('restored params of steps %s of %s', chosen, workdir)
+    params, chosen, which = _restore_params(config, model, workdir, step, average_last, mesh, rules)
+    logging.info('restored %s', which)
     members.append(ensemble.Member(model, params))
     origins.append({'workdir': workdir, 'steps': chosen})
-  return Restored(first_config, tuple(members), tuple(origins), tok, mesh, rules)
+    descriptions.append(which)
+  return Restored(first_config, tuple(members), tuple(origins), tuple(descriptions), tok, mesh, rules)
 
 
 def _check_same_tokenizer(tok: tokenizer_lib.Tokenizer, path: str) -> None:
@@ -131,8 +140,9 @@ def _check_same_tokenizer(tok: tokenizer_lib.Tokenizer, path: str) -> None:
                      'the same tokenizer (copy one run\'s tokenizer/spm.model into a new workdir before training it).')
 
 
-def _restore_params(model, workdir: str, step, average_last, mesh, rules):
-  """(params on `mesh` in `model`'s layer layout, the steps they come from) of one run; see `restore_ensemble`."""
+def _restore_params(config, model, workdir: str, step, average_last, mesh, rules):
+  """(params on `mesh` in `model`'s layer layout, the steps they come from, which params these are in words) of one
+  run; see `restore_ensemble`."""
   directory = Workdir(workdir).checkpoints
   manager = checkpoint.open_existing(directory)
   target = steps.abstract_params(model, mesh, rules)
@@ -148,17 +158,31 @@ def _restore_params(model, workdir: str, step, average_last, mesh, rules):
     return layer_layout.convert_onto(params, target, model.config.scan_layers)
 
   try:
+    if step is not None:
+      if step not in manager.all_steps():
+        raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: '
+                         f'{sorted(manager.all_steps())}.')
+      with progress.Progress(f'restoring step {step} of {workdir}'):
+        return restore_step(step), [step], f'{workdir} at step {step}'
     if average_last:
-      return checkpoint.average_params(manager, sorted(manager.all_steps(), reverse=True), restore_step,
-                                       count=average_last)
-    if step is None:
-      latest, params, _ = checkpoint.restore_newest(manager, restore_step)
-      return params, [latest]
-    if step not in manager.all_steps():
-      raise ValueError(f'no checkpoint of step {step} in {directory}; available steps: {sorted(manager.all_steps())}.')
-    return restore_step(step), [step]
+      candidates, count = sorted(manager.all_steps(), reverse=True), average_last
+    else:
+      candidates = checkpoint.final_model_candidates(config, manager.all_steps())
+      count = min(config.eval.average_last, len(candidates))
+    with progress.Progress(f'restoring {workdir}', total=count, unit='checkpoints') as restored:
+      params, chosen = checkpoint.average_params(manager, candidates, lambda s: _counted(restore_step(s), restored),
+                                                 count=count)
+    if average_last:
+      return params, chosen, f'{workdir}: the last {average_last} checkpoints, {checkpoint.describe_steps(chosen)}'
+    return params, chosen, (f'the final model of {workdir} (its last eval.average_last={config.eval.average_last} '
+                            f'periodic saves): {checkpoint.describe_steps(chosen)}')
   finally:
     manager.close()
+
+
+def _counted(params, restored: progress.Progress):
+  restored.advance()
+  return params
 
 
 def save_averaged(restored: Restored, workdir: str) -> str:

@@ -1,12 +1,16 @@
-"""The model card (README.md) of a `transformers` export: what was trained on what, and how well it translates."""
+"""The model card (README.md) of a `transformers` export: what was trained on what, and how well it translates; and
+the training config it records, read back when the export is imported (`training_config`)."""
 
 import json
 import os
+import re
 
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.core import files
 from transformer_jax.core.workdir import Workdir, params_tag
+from transformer_jax.interop import hf
 from transformer_jax.interop import marian
+from transformer_jax.training import checkpoint
 
 
 _USAGE = '\n'.join([
@@ -15,6 +19,25 @@ _USAGE = '\n'.join([
     'tokenizer = MarianTokenizer.from_pretrained("THIS_DIRECTORY")',
     'batch = tokenizer(["A sentence."], return_tensors="pt")',
     'print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))'])
+
+
+_TRAINING_CONFIG = '## Training config'  # the card's last section: the run's config as JSON
+
+
+def training_config(directory: str) -> dict | None:
+  """The config of the run an export of ours was made from, as its card records it; None for a checkpoint without
+  our card (another MarianMT model)."""
+  try:
+    with open(os.path.join(directory, hf.CARD), encoding='utf-8') as f:
+      text = f.read()
+  except OSError:
+    return None
+  found = re.search(rf'^{_TRAINING_CONFIG}\n\n```json\n(.*?)\n```', text, re.MULTILINE | re.DOTALL)
+  try:
+    config = json.loads(found.group(1)) if found else None
+  except ValueError:
+    return None
+  return config if isinstance(config, dict) else None
 
 
 def _data(config) -> str:
@@ -48,6 +71,13 @@ def _scores(config, workdir: str, steps, final_steps) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _params(steps, final_steps) -> str:
+  """Which params an export holds, beside the run's final model (the one its final evaluation scores)."""
+  if list(steps) == list(final_steps):
+    return f'the run\'s final model, which its final evaluation scores: {checkpoint.describe_steps(steps)}'
+  return f'{checkpoint.describe_steps(steps)}, not the run\'s final model ({checkpoint.describe_steps(final_steps)})'
+
+
 def model_card(config, workdir: str, steps, final_steps) -> str:
   """README.md for the export of `workdir` (its saved `config`) at `steps`; `final_steps`: those of the run's final
   model (`restoring.final_model_steps`), which name the results files."""
@@ -78,12 +108,12 @@ d_ff {cfg.d_ff}, {cfg.vocab_size} SentencePiece pieces.
 
 ## Data
 
-Trained on {_data(config)}. The exported params are those of step(s) {steps}.
+Trained on {_data(config)}. The exported params are {_params(steps, final_steps)}.
 
 ## Test scores
 
 {_scores(config, workdir, steps, final_steps)}
-## Training config
+{_TRAINING_CONFIG}
 
 ```json
 {config.to_json_best_effort(indent=2)}

@@ -19,6 +19,7 @@ from transformer_jax.interop import marian
 
 CONFIG, SAFETENSORS, PYTORCH = 'config.json', 'model.safetensors', 'pytorch_model.bin'
 SOURCE_SPM, TARGET_SPM, VOCAB = 'source.spm', 'target.spm', 'vocab.json'
+CARD = 'README.md'  # our export's model card (`card.model_card`)
 TOKENIZER_FILES = (SOURCE_SPM, TARGET_SPM, VOCAB)
 
 
@@ -111,7 +112,7 @@ def write(cfg: ModelConfig, params, tokenizer, out_dir, *, decode, card: str) ->
     source, target = tokenizer.spm_files
     shutil.copyfile(source, os.path.join(staging, SOURCE_SPM))
     shutil.copyfile(target, os.path.join(staging, TARGET_SPM))
-    with open(os.path.join(staging, 'README.md'), 'w', encoding='utf-8') as f:
+    with open(os.path.join(staging, CARD), 'w', encoding='utf-8') as f:
       f.write(card)
   return Path(out_dir)
 

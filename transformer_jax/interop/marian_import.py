@@ -2,8 +2,9 @@
 export or fine-tune; its command is `transformer_jax/convert.py` (python -m transformer_jax.convert --from_hf=...
 --workdir=NEW).
 
-NEW gets config.json (the `model` section matching the checkpoint, `tokenizer` its vocabulary), the tokenizer
-(tokenizer/source.spm, target.spm and pieces.json: Marian's pieces in our ids) and a params-only checkpoint at step
+NEW gets config.json (the `model` section matching the checkpoint, `tokenizer` its vocabulary; for an export of
+ours, the `data`, `eval` and `decode` sections of the run it came from, which its card records: the workdir evaluates
+what that run did), the tokenizer (tokenizer/source.spm, target.spm and pieces.json: Marian's pieces in our ids) and a params-only checkpoint at step
 0. `eval.py`, `transformer_jax.translate`, `attention_plots` and `export` read it as a trained run's workdir;
 `train.py --config=configs/fine_tune.py:NEW --workdir=NEW` fine-tunes it (the trainer starts from those params).
 """
@@ -20,6 +21,7 @@ from transformer_jax.config.model import ModelConfig
 from transformer_jax.core import files
 from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.interop import card
 from transformer_jax.interop import hf
 from transformer_jax.interop import marian
 from transformer_jax.model import transformer as model_lib
@@ -67,6 +69,7 @@ def import_checkpoint(directory: str, workdir: str) -> ModelConfig:
                                 attention_bias=marian.has_attention_bias(source.tensors),
                                 logits_bias=marian.has_logits_bias(source.tensors), vocab_size=len(order))
   config = config_lib.base_config()
+  _evaluate_as_exported(config, card.training_config(directory))
   section['max_len'] = min(config.model.max_len, section['max_positions'])  # also pipeline.max_length
   cfg = ModelConfig(**section)
   params = marian.from_state_dict(cfg, source.tensors, order, directory)
@@ -90,6 +93,17 @@ def import_checkpoint(directory: str, workdir: str) -> ModelConfig:
   manager.wait_until_finished()
   manager.close()
   return cfg
+
+
+# What an export of ours brings back into its workdir from the card: what the run evaluated on and how.
+_EVALUATION_SECTIONS = ('data', 'eval', 'decode')
+
+
+def _evaluate_as_exported(config, trained: dict | None) -> None:
+  """The new workdir's config evaluates what the exported run's did (`trained`: its config from our card), the
+  same split decoded the same way; another MarianMT checkpoint's keeps the defaults."""
+  for section in _EVALUATION_SECTIONS if trained else ():
+    config[section].update({key: value for key, value in trained.get(section, {}).items() if key in config[section]})
 
 
 def _check_shapes(cfg: ModelConfig, params, directory: str) -> None:

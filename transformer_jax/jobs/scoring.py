@@ -19,6 +19,7 @@ from transformer_jax.evaluation import scores
 from transformer_jax.evaluation import significance
 from transformer_jax.inference import generation
 from transformer_jax.inference import restoring
+from transformer_jax.runtime import progress
 from transformer_jax.runtime import sharding
 from transformer_jax.training import metrics as metrics_lib
 from transformer_jax.training import steps
@@ -28,29 +29,34 @@ UNIGRAM_DOCUMENTS = 200_000
 
 
 def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batches: int | None = None,
-                   max_length: int | None = None) -> dict:
+                   max_length: int | None = None, what: str = 'teacher-forced scoring') -> dict:
   """Per-token loss (label-smoothed as in training), NLL, perplexity and accuracy over (a prefix of) a split of
   pairs or documents, and the number of target tokens, by `eval_fn` (`steps.jit_eval_step`) of `members` (one
-  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it."""
+  model or an ensemble); sentences longer than `max_length` (`ModelConfig.position_limit`) are cut to it. A long
+  pass reports its progress as `what`."""
   totals = {k: 0.0 for k in metrics_lib.SUM_KEYS}
   batches = pipeline.make_eval_batches(pairs, tok, batch_size, process_index=jax.process_index(),
                                        process_count=jax.process_count(), max_length=max_length)
-  for i, batch in enumerate(batches):
-    if max_batches is not None and i >= max_batches:
-      break
-    batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
-    sums = jax.device_get(eval_fn(members, batch))
-    totals = {k: totals[k] + float(sums[k]) for k in totals}
+  count = len(pairs) if max_batches is None else min(len(pairs), max_batches * batch_size)
+  with progress.Progress(what, total=count, unit='sentences') as scored:
+    for i, batch in enumerate(batches):
+      if max_batches is not None and i >= max_batches:
+        break
+      batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
+      sums = jax.device_get(eval_fn(members, batch))
+      totals = {k: totals[k] + float(sums[k]) for k in totals}
+      scored.advance(min(batch_size, count - scored.done))
   return dict(metrics_lib.normalize(totals), tokens=int(totals['tokens']))
 
 
-def teacher_forced_metrics(restored: restoring.Restored, pairs) -> dict:
-  """`teacher_forced` over every pair (or document), with the restored model or ensemble."""
+def teacher_forced_metrics(restored: restoring.Restored, pairs, split: str) -> dict:
+  """`teacher_forced` over every pair (or document) of `split`, with the restored model or ensemble."""
   shardings = jax.tree.map(lambda x: x.sharding, restored.members)
   eval_fn = steps.jit_eval_step(restored.config.train.label_smoothing, shardings, restored.mesh)
   with restored.on_mesh():
     return teacher_forced(restored.members, eval_fn, pairs, restored.tokenizer, restored.mesh,
-                          restored.config.eval.batch_size, max_length=restored.position_limit)
+                          restored.config.eval.batch_size, max_length=restored.position_limit,
+                          what=f'scoring {split} (teacher-forced)')
 
 
 def write_translations(run_dir: Workdir, split: str, texts: dict[str, list[str]],
@@ -99,8 +105,8 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
   if cut:
     logging.warning('%d sentences of %s are longer than the %d tokens learned positions cover: cut to %d for '
                     'scoring (results.json: cut_sentences)', cut, split, limit, limit)
-  losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs).items()}
-  hypotheses = generation.translate_pairs(restored, pairs, config.decode)
+  losses = {f'{split}_{k}': v for k, v in teacher_forced_metrics(restored, pairs, split).items()}
+  hypotheses = generation.translate_pairs(restored, pairs, config.decode, what=f'translating {split}')
   sources_text = [src for src, _ in pairs]
   references = [tgt for _, tgt in pairs]
   lang = config.data.target_lang
@@ -148,7 +154,7 @@ def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, t
   """
   config = restored.config
   documents = sources.load_documents(config.data, split)
-  losses = teacher_forced_metrics(restored, documents)
+  losses = teacher_forced_metrics(restored, documents, split)
   num_bytes = sum(len(document.encode('utf-8')) + 1 for document in documents)
   examples = [documents[i] for i in range(min(config.eval.num_samples, len(documents)))]
   fits = lambda document: len(restored.tokenizer.encode(_first_half(document))) < restored.max_len
@@ -187,6 +193,17 @@ def _count_params(members) -> int:
   return int(sum(np.prod(p.shape) for p in jax.tree.leaves(members)))
 
 
+def _saved_samples(run_dir: Workdir, split: str, count: int) -> list[tuple[str, str, str]]:
+  """The first `count` (source, output, reference) of the final evaluation's translations files; none where they
+  are missing (a language model's evaluation writes none)."""
+  try:
+    texts = [files.read_text_lines(run_dir.translation_file(split, kind), 'the run\'s translations')[:count]
+             for kind in ('src', 'hyp', 'ref')]
+  except (OSError, ValueError):
+    return []
+  return list(zip(*texts))
+
+
 def describe(results: dict, num_samples: int) -> str:
   """A short human-readable report of `evaluate_split`'s results, with `num_samples` of its samples."""
   split = results['split']
@@ -220,10 +237,20 @@ def describe(results: dict, num_samples: int) -> str:
 
 
 def final_report(config, workdir: str) -> dict:
-  """End of training: average the last checkpoints (as many as exist, up to eval.average_last), report test BLEU
-  (a language model: perplexity against the unigram baseline, and samples)."""
-  average = len(restoring.final_model_steps(config, workdir))
-  restored = restoring.restore(config, workdir, average_last=average if average > 1 else None)
+  """End of training: the run's final model (`restoring.final_model_steps`) on the test split, reported: BLEU (a
+  language model: perplexity against the unigram baseline, and samples). A run evaluated before (its results.json,
+  `Workdir.finished_results`) is reported from that file, with samples from its translations, and not evaluated
+  again."""
+  run_dir = Workdir(workdir)
+  results = run_dir.finished_results(config.train.num_steps)
+  if results is not None:
+    results['samples'] = _saved_samples(run_dir, results.get('split'), config.eval.num_samples)
+    if jax.process_index() == 0:
+      print(f'{workdir} is finished: trained to step {config.train.num_steps}, its final model evaluated '
+            f'({run_dir.final_results_file}); nothing was run again.', flush=True)
+      print(describe(results, config.eval.num_samples), flush=True)
+    return results
+  restored = restoring.restore(config, workdir)
   results = evaluate_split(restored, workdir, config.eval.test_split)
   if jax.process_index() == 0:
     print(describe(results, config.eval.num_samples), flush=True)

@@ -9,6 +9,7 @@ directory's layout through `workdir.Workdir`.
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 
@@ -29,6 +30,7 @@ from transformer_jax.jobs import reporting
 from transformer_jax.jobs import scoring
 from transformer_jax.model import ensemble
 from transformer_jax.runtime import concurrent_compiles
+from transformer_jax.runtime import progress
 from transformer_jax.training import checkpoint
 from transformer_jax.training import run_builder
 from transformer_jax.training import steps
@@ -69,9 +71,14 @@ class _CompiledSteps:
     self._jitted, self._report = run.train_step, report
     start = time.time()
     shapes = run.train_batch_shapes[::-1]  # the longest (the last bucket's) first
-    self._compiled = {self._key(shape): compiled for shape, compiled in concurrent_compiles.compile_all(
-        shapes, lambda shape: run.train_step.lower(state, run.abstract_batch(shape)),
-        lambda shape, lowered: lowered.compile())}
+    with progress.Progress('compiling the train step', total=len(shapes), unit='batch shapes',
+                           memory=True) as compiling:
+      self._compiled = {}
+      for shape, compiled in concurrent_compiles.compile_all(
+          shapes, lambda shape: run.train_step.lower(state, run.abstract_batch(shape)),
+          lambda shape, lowered: lowered.compile()):
+        self._compiled[self._key(shape)] = compiled
+        compiling.advance()
     report.compilation(step, time.time() - start, f'the train step for {len(shapes)} batch shape(s)')
 
   @staticmethod
@@ -103,9 +110,52 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with contextlib.ExitStack() as cleanup:  # the workdir, report, checkpoints and signal handlers: released on exit
     if jax.process_index() == 0:  # the other processes of a run share its workdir
       cleanup.enter_context(run_dir.exclusive())
+    finished = _trained_to_the_end(config, run_dir)
+    if finished is not None:
+      return finished
     if stop is None:
       stop = cleanup.enter_context(preemption.StopRequest(multi_process=jax.process_count() > 1))
     return _train(config, run_dir, stop, cleanup)
+
+
+def _saved_config(config: ml_collections.ConfigDict, run_dir: Workdir) -> dict | None:
+  """The run's config.json (None for a new run), `config`'s `pipeline.num_workers` resolved against it: the batch
+  sequence depends on the number of worker processes, so a resumed run keeps the one it started with."""
+  saved = run_dir.load_config().to_dict() if run_dir.has_config() else None
+  if config.pipeline.num_workers == pipeline_section.AUTO_WORKERS:
+    started = saved.get('pipeline', {}).get('num_workers') if saved else None
+    auto = started in (None, pipeline_section.AUTO_WORKERS)
+    config.pipeline.num_workers = pipeline.num_workers(config.pipeline) if auto else started
+  return saved
+
+
+def _trained_to_the_end(config: ml_collections.ConfigDict, run_dir: Workdir) -> dict | None:
+  """A run whose checkpoints reach `train.num_steps`, found before anything is built, loaded or compiled: its
+  result ({'state': None, 'metrics': {'step'}}) for train.py's final report, which reports the run's results.json
+  if it has one. The command may change what the final evaluation reads only while that has not run (a finished
+  and evaluated run's other settings are eval.py's). None while steps are left to train."""
+  if not run_dir.has_config() or not os.path.isdir(run_dir.checkpoints):
+    return None
+  manager = checkpoint.make_manager(run_dir.checkpoints, create=False, async_save=False)
+  try:
+    latest = manager.latest_step()
+  finally:
+    manager.close()
+  if latest != config.train.num_steps:
+    return None
+  changes = config_lib.changes_since(_saved_config(config, run_dir), config)
+  if changes and run_dir.finished_results(latest) is not None:
+    listed = ', '.join(f'{key}={new!r} (the run\'s: {old!r})' for key, (old, new) in changes.items())
+    raise ValueError(f'{run_dir.path} is trained to train.num_steps={latest} and evaluated '
+                     f'({run_dir.final_results_file}), but this command changes {listed}: evaluate other settings with '
+                     f'python eval.py --workdir={run_dir.path} --config.KEY=VALUE, train on with a larger '
+                     '--config.train.num_steps, or pass another --workdir.')
+  config_lib.check_resume(changes, run_dir.path)
+  if changes and jax.process_index() == 0:
+    run_dir.save_config(config)
+  changed = ''.join(f'; {key} changed from {old!r} to {new!r}' for key, (old, new) in changes.items())
+  logging.info('%s is trained to train.num_steps=%d: nothing to train%s', run_dir.path, latest, changed)
+  return {'state': None, 'metrics': {'step': latest}}
 
 
 def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption.StopRequest,
@@ -123,12 +173,7 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
   if config.eval.test_split not in ('train', config.eval.split):  # read by the final evaluation, checked now
     sources.load(config.data, config.eval.test_split, documents)
   tok = tokenizer_lib.for_training(config.tokenizer, run_dir.tokenizer_model, train_pairs, config.model.vocab_size)
-  # The batch sequence depends on the number of worker processes: a resumed run keeps the one it started with.
-  saved = run_dir.load_config().to_dict() if run_dir.has_config() else None
-  if config.pipeline.num_workers == pipeline_section.AUTO_WORKERS:
-    started = saved.get('pipeline', {}).get('num_workers') if saved else None
-    auto = started in (None, pipeline_section.AUTO_WORKERS)
-    config.pipeline.num_workers = pipeline.num_workers(config.pipeline) if auto else started
+  saved = _saved_config(config, run_dir)
   # With worker processes the filter counts live (and are logged) in the workers: no metric claims them here.
   filter_stats = None if config.pipeline.num_workers else pipeline.FilterStats()
   train_iter = iter(pipeline.make_train_dataset(train_pairs, tok, config.pipeline, process_index=jax.process_index(),
@@ -136,7 +181,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
 
   # --- checkpoints: resume from the newest that restores
   manager = checkpoint.make_manager(run_dir.checkpoints, save_every=train_cfg.checkpoint_every,
-                                    keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints)
+                                    keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints,
+                                    periodic=functools.partial(checkpoint.is_periodic, train_cfg))
   cleanup.enter_context(checkpoint.closing(manager))
   stop.watch(manager)
   latest, damaged, changes = None, [], {}
@@ -210,7 +256,8 @@ def _train(config: ml_collections.ConfigDict, run_dir: Workdir, stop: preemption
         start = time.time()
         values = scoring.teacher_forced(ensemble.of_one(model, state.params), run.eval_step, valid_pairs, tok, mesh,
                                         config.eval.batch_size, max_batches=train_cfg.eval_batches,
-                                        max_length=model.config.position_limit)
+                                        max_length=model.config.position_limit,
+                                        what=f'step {step}: scoring {config.eval.split} (teacher-forced)')
         report.evaluation(step, values)
         last.update({f'eval_{k}': v for k, v in values.items()})
         report.exclude(time.time() - start)

@@ -9,12 +9,18 @@ unreadable: metadata, manifests, array data, the iterator's file, `_CHECKPOINT_M
 `restore_newest` names it and falls back to the newest step that restores, and a training run sets it aside as
 `<step>.damaged` (kept, never deleted) so that it can save that step again. A step restores when every array
 asked for has been read (orbax reads lazily) and its small files parse, not when its metadata alone does.
+
+A run's periodic saves (every `train.checkpoint_every` steps, and its last step) are what it keeps and what its final
+model averages (`final_model_candidates`); a preemption save in between is kept only while it is the newest, the
+step a resumed run starts from, so a preempted and resumed run keeps and averages what the uninterrupted one does.
 """
 
 import contextlib
+import dataclasses
 import glob
 import os
 import re
+from typing import Callable
 
 import grain
 import jax
@@ -45,14 +51,55 @@ class SaveError(OSError):
   """A checkpoint could not be written (disk full, permissions): the run stops instead of training on."""
 
 
-def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None, async_save: bool = True,
-                 create: bool = True, replica_parallel: bool | None = None) -> ocp.CheckpointManager:
+def is_periodic(train_config, step: int) -> bool:
+  """Whether `step` is one of the periodic saves of a run of `train_config` (every `checkpoint_every` steps, and its
+  last, `num_steps`), not a preemption save between them."""
+  return step % train_config.checkpoint_every == 0 or step == train_config.num_steps
+
+
+def final_model_candidates(config, saved_steps) -> list[int]:
+  """The saved steps the run's final model averages, newest first: the newest `eval.average_last` of them that
+  restore (`average_params`). They are the periodic saves (`is_periodic`), so that a preemption save never changes
+  the final model; a fine-tune's imported params (step 0) only until it has trained; where no save is periodic
+  (a run stopped before its first periodic save), the newest save."""
+  saved = sorted(saved_steps, reverse=True)
+  periodic = [step for step in saved if is_periodic(config.train, step)]
+  return [step for step in periodic if step > 0] or periodic or saved[:1]
+
+
+def describe_steps(steps) -> str:
+  """Params of checkpoint `steps` in words: 'step 800', or 'the average of steps [400, 600, 800]'."""
+  steps = list(steps)
+  return f'the average of steps {steps}' if len(steps) > 1 else f'step {steps[0]}'
+
+
+@dataclasses.dataclass
+class _Retention:
+  """orbax's preservation policy of a training run: the newest `keep` periodic saves (all with `keep` None) and the
+  newest save of any kind, which a resumed run starts from."""
+
+  periodic: Callable[[int], bool]
+  keep: int | None
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:  # pylint: disable=unused-argument
+    periodic = [i for i, info in enumerate(checkpoints) if self.periodic(info.step)]
+    kept = set(periodic if self.keep is None else periodic[max(len(periodic) - self.keep, 0):])
+    kept.update(range(len(checkpoints))[-1:])  # checkpoints come oldest first
+    return [i in kept for i in range(len(checkpoints))]
+
+
+def make_manager(directory: str, *, save_every: int = 1, keep: int | None = None,
+                 periodic: Callable[[int], bool] | None = None, async_save: bool = True, create: bool = True,
+                 replica_parallel: bool | None = None) -> ocp.CheckpointManager:
   """An orbax manager over `directory` (a `Workdir.checkpoints`) with the state and data-iterator items; a
-  writing one (`create`) first removes the temporary directories of saves a kill interrupted. `replica_parallel`:
+  writing one (`create`) first removes the temporary directories of saves a kill interrupted. It keeps the newest
+  `keep` steps that `periodic` accepts (default: every step) and the newest step (`_Retention`). `replica_parallel`:
   True keeps orbax's array handler (replica-parallel writes), False saves each replicated array from one replica;
   None: `replica_parallel_saves()`."""
-  options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=keep, create=create,
-                                         enable_async_checkpointing=async_save, cleanup_tmp_directories=create)
+  retention = _Retention(periodic or (lambda step: True), keep)
+  options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, create=create,
+                                         enable_async_checkpointing=async_save, cleanup_tmp_directories=create,
+                                         preservation_policy=retention)
   handlers = {STATE: _state_handler(replica_parallel), DATA: grain.checkpoint.CheckpointHandler()}
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
