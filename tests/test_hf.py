@@ -453,6 +453,33 @@ def test_the_imported_workdir_exports_to_ctranslate2_and_decodes_as_we_do(import
   assert len(set(served)) > 1
 
 
+def test_each_sentence_is_decoded_up_to_its_own_input_length_plus_the_offset(imported, tmp_path):
+  """The output limit is per sentence, its input tokens (EOS included) + decode.max_len_offset, whatever else is in
+  its batch, in both engines: a random model seldom ends a sentence, so its outputs run to their limits, and a short
+  sentence translated beside a long one is what it is alone."""
+  _, _, _, workdir = imported
+  restored = _restore(workdir)
+  restored.config.decode.max_len_offset = 3
+  lines = [s for s, _ in _test_pairs(16)]
+  short, long = min(lines, key=len), max(lines, key=len)
+  lengths = [len(restored.tokenizer.encode(line)) + 1 for line in (short, long)]
+  assert lengths[1] > lengths[0] + 3
+  rows = sharding.data_parallel_size(restored.mesh)
+  sources_ids = [restored.tokenizer.encode(line) + [EOS_ID] for line in (short, long)]
+  batch = {'inputs': _padded(sources_ids + [[]] * (rows - 2)),
+           'example_index': np.asarray([0, 1] + [-1] * (rows - 2), np.int32)}
+  with restored.on_mesh():
+    decoded = dict(generation.translate_batches(restored, [batch], restored.config.decode, method='greedy'))
+  assert EOS_ID not in decoded[0] and EOS_ID not in decoded[1]  # each ran to its limit: as many tokens as that
+  assert [np.count_nonzero(decoded[i]) for i in (0, 1)] == [length + 3 for length in lengths]
+  assert generation.translate_lines(restored, [short, long], method='greedy')[0] == generation.translate_lines(
+      restored, [short], method='greedy')[0]
+  out = export.export_ctranslate2(restored.model.config, restored.params, restored.tokenizer, tmp_path / 'ct2',
+                                  decode=restored.config.decode)
+  assert serving.translate_lines(str(out), [short, long], beam_size=1)[0] == serving.translate_lines(
+      str(out), [short], beam_size=1)[0] == generation.translate_lines(restored, [short], method='greedy')[0]
+
+
 @pytest.mark.slow
 def test_eval_translate_and_attention_plots_read_the_imported_workdir(entry_points, imported, tmp_path):
   _, _, _, workdir = imported
