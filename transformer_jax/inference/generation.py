@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer_jax.core import stops
 from transformer_jax.core.tokens import BOS_ID, EOS_ID
 from transformer_jax.data import pipeline
 from transformer_jax.data import text_input
@@ -148,6 +149,7 @@ def generate_batches(restored: Restored, batches, max_decode_len, rng=None, per_
   batch_sharding = sharding.batch_sharding(restored.mesh)
   rng = jax.random.key(0) if rng is None else rng
   for number, batch in enumerate(batches):
+    stops.here()
     inputs = jax.make_array_from_process_local_data(batch_sharding, batch['inputs'])
     if per_row:
       lengths = np.sum(batch['inputs'] > 0, axis=1)

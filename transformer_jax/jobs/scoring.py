@@ -13,6 +13,7 @@ from absl import logging
 
 from transformer_jax import config as config_lib
 from transformer_jax.core import files
+from transformer_jax.core import stops
 from transformer_jax.core.tokens import EOS_ID
 from transformer_jax.core.workdir import Workdir, params_tag
 from transformer_jax.data import pipeline
@@ -40,6 +41,7 @@ def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batc
   for i, batch in enumerate(batches):
     if max_batches is not None and i >= max_batches:
       break
+    stops.here()
     batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
     sums = jax.device_get(eval_fn(members, batch))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
@@ -115,6 +117,7 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
              'settings': scored_settings(config)}
   if compare_to:
     results['comparison'] = compare_to.run(hypotheses, references)
+  stops.here()  # the last safe point: the files are written whole
   if jax.process_index() == 0:
     results['translations'] = write_translations(
         run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, tag)
@@ -197,6 +200,7 @@ def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, t
              'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
              'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()},
              'settings': scored_settings(config)}
+  stops.here()  # the last safe point: the file is written whole
   if jax.process_index() == 0:
     results['results_file'] = _write_results(Workdir(workdir).results_file(split, test_split, tag), results)
   results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
@@ -208,7 +212,12 @@ def unigram_baseline(tokenizer, data_config, documents) -> float:
   model of the training split's tokens (a seeded sample of at most UNIGRAM_DOCUMENTS documents)."""
   train = sources.load_documents(data_config, 'train')
   chosen = np.random.default_rng(0).choice(len(train), min(len(train), UNIGRAM_DOCUMENTS), replace=False)
-  ids = lambda texts: (tokenizer.encode(text) + [EOS_ID] for text in texts)
+
+  def ids(texts):
+    for text in texts:
+      stops.here()
+      yield tokenizer.encode(text) + [EOS_ID]
+
   return metrics_lib.unigram_perplexity(ids(train[int(i)] for i in chosen), ids(documents), tokenizer.vocab_size)
 
 
