@@ -332,11 +332,13 @@ def test_eval_and_translate_commands(entry_points, trained):
                             text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'BLEU' in result.stdout and '[20, 30]' in result.stdout
-  # Not the final model (eval.average_last=1): the results are named by their steps.
-  averaged = Workdir(workdir).results_file('test', 'test', 'average2_step30')
-  assert f'results written to {averaged}' in result.stdout
-  with open(averaged) as f:
-    assert json.load(f)['beam_size'] == 2
+  # Not the final model (eval.average_last=1) nor its decoding: the results are named by their steps, then decoding.
+  (written,) = [line.split('results written to ')[1] for line in result.stdout.splitlines()
+                if line.startswith('results written to ')]
+  assert written.startswith(Workdir(workdir).results_file('test', 'test', 'average2_step30_decode-')[:-len('.json')])
+  with open(written) as f:
+    saved = json.load(f)
+  assert saved['beam_size'] == saved['settings']['decode']['beam_size'] == 2
   result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'],
                             'The dog sees the cat.\n\nHe sleeps.\n', text=True)
   assert result.returncode == 0, result.stderr[-2000:]

@@ -197,8 +197,12 @@ def model_config(marian: dict, path: str, *, attention_bias: bool, logits_bias: 
 
 
 def setting(marian: dict, key: str):
-  """A Marian config.json's value of `key`, or MarianConfig's default (what transformers reads) where it has none."""
-  return marian.get(key, _DEFAULTS.get(key))
+  """A Marian config.json's value of `key` (or of another name of it, `_ALIASES`), or MarianConfig's default (what
+  transformers reads) where it has none."""
+  if key in marian:
+    return marian[key]
+  aliases = [alias for alias, name in _ALIASES.items() if name == key and alias in marian]
+  return marian[aliases[0]] if aliases else _DEFAULTS.get(key)
 
 
 def generation_settings(marian: dict) -> dict:
