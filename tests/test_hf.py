@@ -643,6 +643,18 @@ def test_what_our_model_cannot_hold_is_refused_in_one_line_naming_it(imported, t
   assert not (tmp_path / 'run').exists()
 
 
+def test_a_config_json_read_as_marian_config_reads_it(imported, tmp_path):
+  """A key config.json lacks is MarianConfig's default, or its other name (attribute_map) where that is there."""
+  _, _, directory, _ = imported
+  checkpoint = tmp_path / 'hf'
+  shutil.copytree(directory, checkpoint)
+  _edit(str(checkpoint), {'encoder_layers': None, 'num_hidden_layers': 2, 'scale_embedding': None})
+  cfg = convert.import_checkpoint(str(checkpoint), str(tmp_path / 'run'))
+  theirs = transformers.MarianConfig.from_pretrained(checkpoint)
+  assert (cfg.num_encoder_layers, cfg.scale_embeddings) == (theirs.encoder_layers, theirs.scale_embedding) == (
+      2, False)  # the test's checkpoint scales its embeddings; MarianConfig's default does not
+
+
 @pytest.mark.slow
 def test_a_real_opus_mt_config_json_imports_and_names_its_generation_settings(imported, tmp_path, entry_points):
   """OPUS-MT's config.json keys of earlier transformers versions (BART-era options at the values MarianMT computes,
