@@ -714,6 +714,14 @@ def test_a_hub_id_not_in_the_local_cache_says_how_to_fetch_it(entry_points, tmp_
 
 
 @pytest.mark.slow
+def test_the_export_help_names_what_loads_the_directory(entry_points):
+  """transformers 5 has no pipeline('translation'): the help names the classes that load the export."""
+  result = entry_points.run(['-m', 'transformer_jax.export', '--helpshort'], text=True)  # absl: help, then exit 1
+  assert '--format: <ctranslate2|transformers>' in result.stdout, result.stderr[-2000:]
+  assert 'MarianTokenizer' in result.stdout and 'pipeline' not in result.stdout
+
+
+@pytest.mark.slow
 def test_the_export_refuses_what_marian_cannot_hold_before_restoring(entry_points, seeded_runs, tmp_path):
   with open(os.path.join(seeded_runs[0], 'config.json'), encoding='utf-8') as f:
     saved = json.load(f)
