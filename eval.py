@@ -21,7 +21,8 @@ from transformer_jax.runtime import distributed
 _CONFIG = cli.define_config_overrides_flag(config_lib.base_config(),
                                            'Overrides of the run\'s saved config: --config.KEY=VALUE.')
 _CHECKPOINTS = cli.CheckpointFlags()
-_SAVE_AVERAGED = flags.DEFINE_bool('save_averaged', False, 'Also save the averaged params as a checkpoint.')
+_SAVE_AVERAGED = flags.DEFINE_bool('save_averaged', False, 'Also save the (averaged) params as a workdir of their '
+                                   'own, WORKDIR/averaged/average<K>_step<N>, which every tool reads as a run.')
 _SPLIT = flags.DEFINE_string('split', None, 'Split to evaluate (default: the config\'s eval.test_split).')
 _COMPARE_TO = flags.DEFINE_string('compare_to', None, 'A baseline on the same split: its results.json (written by '
                                   'eval.py) or hypotheses file; prints the paired test against it.')
@@ -59,7 +60,9 @@ def main(argv):
   restored = restoring.restore_ensemble([(config_lib.for_evaluation(member, overrides, split), member, step)
                                          for member, step in runs], average_last=_CHECKPOINTS.average_last)
   if _SAVE_AVERAGED.value:
-    print(f'saved averaged params to {restoring.save_averaged(restored, workdir)}')
+    path, written = restoring.save_averaged(restored, workdir)
+    print(f'{"saved" if written else "already saved:"} the params of steps {restored.steps} as the workdir {path} '
+          f'(eval.py, translate and export read it: --workdir={path})')
   final_steps = restoring.final_model_steps(run_config, workdir)
   results = scoring.evaluate_split(restored, workdir, split, compare_to, final_steps)
   print(scoring.describe(results, restored.config.eval.num_samples))

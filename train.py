@@ -83,7 +83,7 @@ def main(argv):
   if result['metrics'].get('step') != _CONFIG.value.train.num_steps:
     return
   try:
-    with _STOP.raising():  # training is saved: a signal now ends the report, not the run's work
+    with _STOP.at_safe_points():  # training is saved: a signal now ends the report, not the run's work
       scoring.final_report(_CONFIG.value, _WORKDIR.value)
   except preemption.StopRequested as signal:
     logging.warning('stopped during the final evaluation (%s): training is saved at step %d; evaluate it with '

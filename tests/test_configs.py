@@ -201,6 +201,11 @@ def _base():
 @pytest.mark.parametrize('change,message', [
     ({'model.num_heads': 7}, r'model\.d_model=32 is not divisible by model\.num_heads=7'),
     ({'train.warmup_steps': 1000}, r'train\.warmup_steps=1000 > train\.num_steps=200'),
+    # each key's own range first: a run of -5 steps is the problem, not its warmup
+    ({'train.num_steps': -5, 'train.warmup_steps': 0}, r'^train\.num_steps must be >= 1, got -5\.$'),
+    ({'train.warmup_steps': 0}, r"^train\.warmup_steps must be >= 1 with train\.schedule='paper', got 0\.$"),
+    ({'train.warmup_steps': -1, 'train.schedule': 'linear_warmup_cosine'},
+     r"^train\.warmup_steps must be >= 0 with train\.schedule='linear_warmup_cosine', got -1\.$"),
     ({'eval.average_last': 9}, r'train\.keep_checkpoints=3 < eval\.average_last=9'),
     ({'pipeline.batching': 'sorted'}, r"pipeline\.batching='sorted'"),
     ({'decode.max_len_offset': -1}, r'decode\.max_len_offset'),

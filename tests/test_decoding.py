@@ -249,6 +249,24 @@ def test_each_row_stops_at_its_own_limit_and_is_otherwise_the_same():
   assert any(len(seq) > limit for seq, limit in zip(unlimited, limits))  # the limits cut something
 
 
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_each_row_of_a_beam_search_stops_at_its_own_limit_as_if_searched_alone(early_stopping):
+  """Beam search with row limits: each row's hypotheses and scores are those of the same row searched with its limit
+  as max_decode_len (and PAD beyond it)."""
+  toy = HistoryToy(8, 7, 10, eos_bias=-3.0, eos_ramp=0.5, batch_size=6)
+  limits = [1, 2, 3, 5, 10, 10]
+  tokens, scores = run_beam(toy, beam_size=3, alpha=0.6, max_decode_len=10, n_best=2,
+                            row_limits=jnp.asarray(limits), early_stopping=early_stopping)
+  cut = 0
+  for row, limit in enumerate(limits):
+    alone_tokens, alone_scores = run_beam(toy, beam_size=3, alpha=0.6, max_decode_len=limit, n_best=2)
+    assert [list(t) for t in tokens[row]] == [pad(t, 10) for t in alone_tokens[row].tolist()]
+    np.testing.assert_allclose(scores[row], alone_scores[row], rtol=1e-6)
+    unlimited = strip(run_beam(toy, beam_size=3, alpha=0.6, max_decode_len=10)[0][row, 0])
+    cut += len(unlimited) > limit
+  assert cut  # the limits changed some rows' results
+
+
 @pytest.mark.parametrize("temperature, top_k, top_p", [(2.0, 1, 1.0), (1.0, 0, 1e-6), (0.5, 3, 1e-6)])
 def test_sampling_with_top_k_one_or_tiny_top_p_is_greedy(temperature, top_k, top_p):
   toy = HistoryToy(9, 7, 10, eos_bias=-3.0, eos_ramp=0.5, batch_size=6)

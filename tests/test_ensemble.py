@@ -187,24 +187,31 @@ def test_members_must_share_the_tokenizer(tmp_path):
   assert '\n' not in str(error.value)
 
 
-def test_an_ensemble_is_evaluated_into_files_named_for_it(tmp_path):
-  workdir = _copy_legacy(tmp_path)
+def test_ensembles_are_evaluated_into_files_named_for_their_members(tmp_path):
+  """Each ensemble evaluated from a workdir keeps its own results and translations (named by a digest of its
+  members, who are listed inside); the run's own results.json is left as it was."""
+  workdir, other = _copy_legacy(tmp_path), _copy_legacy(tmp_path, 'other')
   config = config_lib.of_run(workdir)
   before = helpers.tree_digest(workdir)
-  restored = restoring.restore_ensemble([(config, workdir, 2), (config, workdir, 4)])
-  results = scoring.evaluate_split(restored, workdir, 'validation')  # the legacy run's test split
-  run_dir = Workdir(workdir)
-  with open(run_dir.results_file('validation', 'validation', 'ensemble')) as f:
-    saved = json.load(f)
-  assert saved['ensemble'] == [{'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]}]
-  assert 'step' not in saved and saved['translations']['hyp'] == run_dir.translation_file('validation', 'hyp',
-                                                                                          'ensemble')
-  assert saved['params'] == 2 * sum(x.size for x in _host(restoring.restore(config, workdir).params))
+  run_dir, saved = Workdir(workdir), {}
+  for members in ([(workdir, 2), (workdir, 4)], [(workdir, 4), (other, 2)]):
+    restored = restoring.restore_ensemble([(config, member, step) for member, step in members])
+    results = scoring.evaluate_split(restored, workdir, 'validation')  # the legacy run's test split
+    assert 'ensemble of' in scoring.describe(results, 0)
+    tag = results['results_file'][len(os.path.join(workdir, 'results_')):-len('.json')]
+    assert tag.startswith('ensemble-') and results['translations']['hyp'] == run_dir.translation_file(
+        'validation', 'hyp', tag)
+    with open(results['results_file'], encoding='utf-8') as f:
+      saved[tag] = json.load(f)
+    assert saved[tag]['ensemble'] == [{'workdir': member, 'steps': [step]} for member, step in members]
+  assert len(saved) == 2  # the second ensemble kept the first's files
+  first = next(iter(saved.values()))
+  assert 'step' not in first
+  assert first['params'] == 2 * sum(x.size for x in _host(restoring.restore(config, workdir).params))
   single = scoring.teacher_forced_metrics(restoring.restore(config, workdir, step=4),
                                           sources.load_split(config.data, 'validation'), 'validation')
-  assert saved['validation_nll'] != single['nll']  # the ensemble's own loss, not a member's
+  assert first['validation_nll'] != single['nll']  # the ensemble's own loss, not a member's
   assert {k: v for k, v in helpers.tree_digest(workdir).items() if k in before} == before  # results.json kept
-  assert 'ensemble of' in scoring.describe(results, 0)
 
 
 @pytest.mark.slow
@@ -216,7 +223,10 @@ def test_eval_and_translate_take_several_steps_or_runs(entry_points, tmp_path):
   result = entry_points.run(['eval.py', f'--workdir={workdir}', '--step=2', '--step=4', f'--compare_to={baseline}',
                              '--compare_method=ar', '--compare_samples=50'], text=True)
   assert result.returncode == 0, result.stderr[-2000:]
-  with open(Workdir(workdir).results_file('validation', 'validation', 'ensemble'), encoding='utf-8') as f:
+  (written,) = [line.split('results written to ')[1] for line in result.stdout.splitlines()
+                if line.startswith('results written to ')]
+  assert os.path.basename(written).startswith('results_ensemble-')
+  with open(written, encoding='utf-8') as f:
     saved = json.load(f)
   assert saved['ensemble'] == [{'workdir': workdir, 'steps': [2]}, {'workdir': workdir, 'steps': [4]}]
   comparison = saved['comparison']

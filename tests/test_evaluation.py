@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_jax import attention_plots
+from transformer_jax import config as config_lib
 from transformer_jax.core.tokens import EOS_ID, PAD_ID
 from transformer_jax.core.workdir import Workdir
 from transformer_jax.evaluation import scores
@@ -127,20 +129,62 @@ def test_averaging_reads_each_steps_metadata_once(trained, monkeypatch):
 
 
 @pytest.mark.slow
-def test_save_averaged_checkpoint(trained):
+def test_save_averaged_writes_a_workdir_of_its_own_and_never_over_another_average(trained):
   config, workdir = trained
   restored = restoring.restore(config, workdir, average_last=3)
-  path = restoring.save_averaged(restored, workdir)
-  assert os.path.isdir(path) and path.endswith('30')
+  path, written = restoring.save_averaged(restored, workdir)
+  average = Workdir(workdir).averaged([10, 20, 30])
+  assert written and path == average.path == os.path.join(workdir, 'averaged', 'average3_step30')
+  assert config_lib.of_run(path).to_dict() == config_lib.of_run(workdir).to_dict()  # the run's config
+  assert helpers.tree_digest(os.path.dirname(average.tokenizer_model)) == helpers.tree_digest(
+      os.path.dirname(Workdir(workdir).tokenizer_model))
+  with open(average.averaged_from_file, encoding='utf-8') as f:
+    assert json.load(f) == {'workdir': os.path.abspath(workdir), 'steps': [10, 20, 30]}
   # A params-only step (what fine-tuning starts from) gives its params' metadata; a training step, None.
   shapes = jax.tree.map(lambda x: tuple(x.shape), restored.params)
-  for directory, expected in [(os.path.dirname(path), shapes), (Workdir(workdir).checkpoints, None)]:
+  for directory, expected in [(average.checkpoints, shapes), (Workdir(workdir).checkpoints, None)]:
     manager = checkpoint.open_existing(directory)
     try:
+      assert manager.all_steps() == [30] or directory != average.checkpoints
       saved = checkpoint.params_only(manager, 30)
       assert (saved if saved is None else jax.tree.map(lambda m: tuple(m.shape), saved)) == expected
     finally:
       manager.close()
+  digest = helpers.tree_digest(path)
+  assert restoring.save_averaged(restored, workdir) == (path, False)  # the same average: left as it was
+  two = restoring.restore(config, workdir, average_last=2)
+  other, written = restoring.save_averaged(two, workdir)  # another average ending at the same step: its own
+  assert written and other == Workdir(workdir).averaged([20, 30]).path != path
+  assert helpers.tree_digest(path) == digest
+  os.remove(Workdir(other).averaged_from_file)  # as a save that did not finish leaves it
+  with pytest.raises(ValueError, match='is not a finished save of the average of steps \\[20, 30\\]'):
+    restoring.save_averaged(two, workdir)
+  shutil.rmtree(other)  # the module's run as it was, for the tests after
+
+
+@pytest.mark.slow
+def test_a_saved_average_is_evaluated_translated_and_exported_by_the_ordinary_commands(entry_points, trained,
+                                                                                      tmp_path):
+  _, workdir = trained
+  result = entry_points.run(['eval.py', f'--workdir={workdir}', '--average_last=2', '--save_averaged',
+                             '--config.eval.num_samples=0'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  average = Workdir(workdir).averaged([20, 30]).path
+  assert (f'saved the params of steps [20, 30] as the workdir {average} (eval.py, translate and export read it: '
+          f'--workdir={average})') in result.stdout
+  result = entry_points.run(['eval.py', f'--workdir={average}', '--config.eval.num_samples=0'], text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(Workdir(average).final_results_file, encoding='utf-8') as f:
+    assert json.load(f)['averaged_steps'] == [30]  # its own final model: the one checkpoint it holds
+  lines = 'The dog sees the cat.\nHe sleeps.\n'
+  translated = [entry_points.run(['-m', 'transformer_jax.translate', *args], lines, text=True)
+                for args in ([f'--workdir={average}'], [f'--workdir={workdir}', '--average_last=2'])]
+  assert translated[0].returncode == 0, translated[0].stderr[-2000:]
+  assert translated[0].stdout == translated[1].stdout  # the averaged params, bit for bit
+  result = entry_points.run(['-m', 'transformer_jax.export', f'--workdir={average}', f'--out={tmp_path / "ct2"}'],
+                            text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert os.path.isfile(tmp_path / 'ct2' / 'model.bin')
 
 
 def _inputs(restored, sentences):
@@ -235,6 +279,40 @@ def test_the_final_evaluations_restore_scoring_and_translation_report_their_prog
 
 
 @pytest.mark.slow
+def test_evaluating_other_data_or_settings_keeps_the_runs_own_results(trained):
+  """The final model evaluated on other data (any data.* override), or decoded or computed otherwise, gets results
+  and translations of its own, named for what differs and recording it: the run's results.json and translations
+  stay the run's own evaluation."""
+  config, workdir = trained
+  final_steps = restoring.final_model_steps(config, workdir)
+  own = scoring.evaluate_split(restoring.restore(config, workdir), workdir, 'test', final_steps=final_steps)
+  assert own['results_file'] == Workdir(workdir).final_results_file
+  before = helpers.tree_digest(workdir)
+  written = {}
+  for overrides in ({'data.builtin_eval_size': 8}, {'decode.beam_size': 2}, {'model.attention': 'reference'},
+                    {'data.builtin_eval_size': 8, 'decode.beam_size': 2}, {'decode.batch_size': 8}):
+    if 'decode.batch_size' in overrides:  # the last: it scores what the run's own evaluation scored
+      after = helpers.tree_digest(workdir)
+      assert {k: v for k, v in after.items() if k in before} == before  # results.json and translations/test.* kept
+    evaluation = config_lib.for_evaluation(workdir, overrides, 'test')
+    results = scoring.evaluate_split(restoring.restore(evaluation, workdir), workdir, 'test', final_steps=final_steps)
+    written[tuple(overrides)] = results['results_file']
+    with open(results['results_file'], encoding='utf-8') as f:
+      saved = json.load(f)
+    settings = saved['settings']
+    assert settings['data']['builtin_eval_size'] == evaluation.data.builtin_eval_size == saved['num_sentences']
+    assert settings['decode']['beam_size'] == evaluation.decode.beam_size
+    assert settings['model']['attention'] == evaluation.model.attention
+  names = {key: os.path.basename(path) for key, path in written.items()}
+  assert names[('decode.batch_size',)] == 'results.json'  # decoding in other batches scores the same thing
+  assert names[('data.builtin_eval_size',)].startswith('results_data-')
+  assert names[('decode.beam_size',)].startswith('results_decode-')
+  assert names[('model.attention',)].startswith('results_model-')
+  data, decode = names[('data.builtin_eval_size',)][8:-5], names[('decode.beam_size',)][8:-5]
+  assert names[('data.builtin_eval_size', 'decode.beam_size')] == f'results_{data}_{decode}.json'
+
+
+@pytest.mark.slow
 def test_translate_lines_empty_and_too_long(trained):
   config, workdir = trained
   restored = restoring.restore(config, workdir)
@@ -275,11 +353,13 @@ def test_eval_and_translate_commands(entry_points, trained):
                             text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'BLEU' in result.stdout and '[20, 30]' in result.stdout
-  # Not the final model (eval.average_last=1): the results are named by their steps.
-  averaged = Workdir(workdir).results_file('test', 'test', 'average2_step30')
-  assert f'results written to {averaged}' in result.stdout
-  with open(averaged) as f:
-    assert json.load(f)['beam_size'] == 2
+  # Not the final model (eval.average_last=1) nor its decoding: the results are named by their steps, then decoding.
+  (written,) = [line.split('results written to ')[1] for line in result.stdout.splitlines()
+                if line.startswith('results written to ')]
+  assert written.startswith(Workdir(workdir).results_file('test', 'test', 'average2_step30_decode-')[:-len('.json')])
+  with open(written) as f:
+    saved = json.load(f)
+  assert saved['beam_size'] == saved['settings']['decode']['beam_size'] == 2
   result = entry_points.run(['-m', 'transformer_jax.translate', f'--workdir={workdir}'],
                             'The dog sees the cat.\n\nHe sleeps.\n', text=True)
   assert result.returncode == 0, result.stderr[-2000:]

@@ -15,7 +15,6 @@ from transformer_jax import config as config_lib
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.core.tokens import EOS_ID
 from transformer_jax.core.workdir import Workdir
-from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.evaluation import scores
 from transformer_jax.inference import generation
@@ -76,10 +75,15 @@ def _our_greedy(restored, inputs: np.ndarray, max_decode_len: int) -> list[list[
 
 
 def _ct2_greedy(out_dir, sp, lines, max_decode_len) -> list[list[int]]:
+  """CTranslate2's greedy ids of `lines`, in one batch at most `max_decode_len` tokens long, or with a list of
+  limits each line alone with its own."""
   translator = ctranslate2.Translator(str(out_dir), device='cpu', intra_threads=2)
-  results = translator.translate_batch([sp.encode(line, out_type=str) for line in lines], beam_size=1,
-                                       max_decoding_length=max_decode_len)
-  return [[sp.piece_to_id(piece) for piece in result.hypotheses[0]] for result in results]
+  batches = ([(lines, max_decode_len)] if isinstance(max_decode_len, int)
+             else [([line], limit) for line, limit in zip(lines, max_decode_len)])
+  return [[sp.piece_to_id(piece) for piece in result.hypotheses[0]]
+          for batch, limit in batches
+          for result in translator.translate_batch([sp.encode(line, out_type=str) for line in batch], beam_size=1,
+                                                   max_decoding_length=limit)]
 
 
 def test_float32_export_decodes_greedily_as_we_do_token_for_token(trained, tmp_path):
@@ -278,9 +282,9 @@ def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_gr
   assert len(served) == len(lines) + 2 and served[3] == '' and served[-1] == ''  # one line out per line in
   served = served[:3] + served[4:-1]
   sp = spm.SentencePieceProcessor(model_file=str(out / export.SPM_FILE))
-  longest = max(len(sp.encode(line)) + 1 for line in lines)  # with EOS; the lines make one batch
-  max_decode_len = pipeline.padded_length(longest) + config.decode.max_len_offset  # as both engines limit it
-  assert served == [sp.decode(ids) for ids in _ct2_greedy(out, sp, lines, max_decode_len)]
+  model = ModelConfig.from_dict(config.model)
+  limits = [model.decode_length(len(sp.encode(line)) + 1, config.decode.max_len_offset) for line in lines]  # EOS
+  assert served == [sp.decode(ids) for ids in _ct2_greedy(out, sp, lines, limits)]  # each line's own limit
   assert served == generation.translate_lines(_restore(config, workdir), lines, method='greedy')
   assert len(set(served)) >= SENTENCES // 4
 

@@ -2,6 +2,7 @@
 resumes or stops with one line, and a run killed and resumed (as often as it takes) logs exactly the losses of
 the uninterrupted run, bit for bit."""
 
+import json
 import os
 import queue
 import random
@@ -50,30 +51,81 @@ def four_steps(tmp_path_factory, uninterrupted):
   return workdir
 
 
-# train.py run as `python train.py ...` would run it, except that the process stops twice and waits for a line on
-# stdin: when the script first imports jax (start-up, before main), and when the process exits (after main).
-_PAUSED = r'''
-import atexit, builtins, runpy, sys
-def pause(where):
-  print(f'paused {where}', flush=True)
-  sys.stdin.readline()
-real_import = builtins.__import__
+# train.py run as `python train.py ...` would run it, except that the process stops and waits for a byte on stdin at
+# each point named in its first argument: 'importing jax' (train.py's first import of jax: start-up, before main),
+# 'exiting' (an exit hook, after main), 'finalizing' (the interpreter's finalization, after every exit hook, as it
+# clears its modules), and in the final report 'restoring' (a checkpoint about to be read), 'compiling' (a
+# program lowered, before XLA compiles it), 'decoding' (a translation batch running on the device) and 'writing'
+# (the translations written, results.json not yet). Pauses write and read the file descriptors themselves: they
+# work while the interpreter finalizes.
+_PAUSED = r"""
+import atexit, builtins, os, runpy, sys, types
+points, sys.argv = sys.argv[1].split(','), sys.argv[2:]
+def pause(where, points=points, write=os.write, read=os.read):  # bound now: finalization clears the globals
+  if where in points:
+    write(1, f'paused {where}\n'.encode())
+    read(0, 1)
+class Finalizing:
+  def __del__(self, pause=pause):
+    pause('finalizing')
+finalizing = types.ModuleType('finalizing')  # a module's own dict: cleared as the interpreter finalizes its modules
+finalizing.pause = Finalizing()
+sys.modules['finalizing'] = finalizing
+del finalizing
+in_report, paused_in_report = False, False
+def once(where):  # the first time the final report reaches `where`
+  global paused_in_report
+  if in_report and where in points and not paused_in_report:
+    paused_in_report = True
+    pause(where)
+def watch_report():
+  import jax
+  from jax.experimental import multihost_utils
+  from transformer_jax.jobs import scoring
+  from transformer_jax.training import checkpoint
+  report, restore, gather, write = (scoring.final_report, checkpoint.restore_params,
+                                    multihost_utils.process_allgather, scoring.write_translations)
+  def final_report(*args, **kwargs):
+    global in_report
+    in_report = True
+    return report(*args, **kwargs)
+  def restore_params(*args, **kwargs):
+    once('restoring')
+    return restore(*args, **kwargs)
+  def process_allgather(*args, **kwargs):
+    once('decoding')  # the batch's program dispatched, its tokens not yet fetched
+    return gather(*args, **kwargs)
+  def write_translations(*args, **kwargs):
+    paths = write(*args, **kwargs)
+    once('writing')
+    return paths
+  scoring.final_report, checkpoint.restore_params = final_report, restore_params
+  multihost_utils.process_allgather, scoring.write_translations = process_allgather, write_translations
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, *args, **kwargs: event.endswith('jaxpr_to_mlir_module_duration') and once('compiling'))
+real_import, watching = builtins.__import__, False
 def import_(name, *args, **kwargs):
+  global watching
   if name == 'jax' and 'jax' not in sys.modules:
     pause('importing jax')
-  return real_import(name, *args, **kwargs)
+  module = real_import(name, *args, **kwargs)
+  if not watching and hasattr(sys.modules.get('transformer_jax.jobs.scoring'), 'final_report'):  # imported whole
+    watching = True
+    watch_report()
+  return module
 builtins.__import__ = import_
 atexit.register(pause, 'exiting')
-sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name='__main__')
-'''
+"""
+REPORT_PHASES = ('restoring', 'compiling', 'decoding', 'writing')
+_AROUND_MAIN = ('importing jax', 'exiting')
 
 
 class _Run:
-  """train.py in a subprocess whose output lines are read by a thread (so waits can time out). `paused`: it stops
-  at the two points of `_PAUSED` until `resume()`."""
+  """train.py in a subprocess whose output lines are read by a thread (so waits can time out). `paused`: the points
+  of `_PAUSED` where it stops until `resume()`."""
 
-  def __init__(self, workdir: str, *extra: str, limit_file_size: int | None = None, paused: bool = False,
+  def __init__(self, workdir: str, *extra: str, limit_file_size: int | None = None, paused: tuple[str, ...] = (),
                **overrides):
     def limits():  # a file-size limit makes writes past it fail (EFBIG) instead of killing the process
       if limit_file_size is not None:
@@ -82,7 +134,7 @@ class _Run:
 
     command = helpers.train_command(workdir, *extra, **{**RUN, **overrides})
     if paused:
-      command[1:1] = ['-c', _PAUSED]
+      command[1:1] = ['-c', _PAUSED, ','.join(paused)]
     self.process = subprocess.Popen(command, cwd=helpers.REPO, env=helpers.subprocess_env(),
                                     stdin=subprocess.PIPE if paused else None, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, preexec_fn=limits)
@@ -229,7 +281,7 @@ def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps)
 
 def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_0(tmp_path, uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, paused=True)
+  run = _Run(workdir, paused=_AROUND_MAIN)
   run.wait_for('paused importing jax')  # train.py's first import of jax: before main, long before training
   run.process.send_signal(signal.SIGTERM)
   run.resume()
@@ -243,7 +295,7 @@ def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_
 def test_sigterm_under_compile_only_ends_the_process_by_the_signal_without_libtpus_stack_trace(tmp_path):
   """--compile_only has nothing to save: a signal ends it as the signal's default action would, after one line.
   libtpu (loaded by the compile) prints a stack trace for a SIGTERM left at its default disposition."""
-  run = _Run(str(tmp_path / 'w'), '--compile_only', '--topology=v5e-8', paused=True)
+  run = _Run(str(tmp_path / 'w'), '--compile_only', '--topology=v5e-8', paused=_AROUND_MAIN)
   run.wait_for('paused importing jax')
   run.resume()
   run.wait_for('paused exiting')  # every program compiled and reported: libtpu is loaded
@@ -256,7 +308,7 @@ def test_sigterm_under_compile_only_ends_the_process_by_the_signal_without_libtp
 def test_more_signals_during_the_preemption_save_and_after_it_do_not_lose_it_or_kill_the_process(tmp_path,
                                                                                                  uninterrupted):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, paused=True, train__num_steps=100_000, train__checkpoint_every=100_000)
+  run = _Run(workdir, paused=_AROUND_MAIN, train__num_steps=100_000, train__checkpoint_every=100_000)
   run.wait_for('paused importing jax')
   run.resume()
   run.wait_for('step 3/')
@@ -273,6 +325,67 @@ def test_more_signals_during_the_preemption_save_and_after_it_do_not_lose_it_or_
   assert helpers.checkpoint_steps(workdir) == [step]  # on disk, as the message says
   step_seconds = [r['step_seconds'] for r in helpers.read_metrics(workdir)]
   print(f'SIGTERM to exit: {time.time() - sent:.1f} s; a step took {min(step_seconds):.3f}-{max(step_seconds):.3f} s')
+
+
+def _preempted(workdir, paused=()) -> tuple['_Run', int]:
+  """train.py stopped by a SIGTERM after its third step: the run and the step its message says it saved."""
+  run = _Run(workdir, paused=paused, train__num_steps=100_000, train__checkpoint_every=100_000)
+  run.wait_for('step 3/')
+  run.process.send_signal(signal.SIGTERM)
+  line = run.wait_for('preempted: saved step')
+  return run, int(line.split('preempted: saved step ')[1].split()[0])
+
+
+@pytest.mark.parametrize('delay', [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_a_second_signal_up_to_a_second_after_the_preemption_save_still_exits_0(tmp_path, uninterrupted, delay):
+  """The process exits 0 however late the second signal comes: while main returns, in the exit hooks or while the
+  interpreter finalizes (which gives a signal with a Python handler back its default action)."""
+  workdir = _workdir(tmp_path, uninterrupted)
+  run, step = _preempted(workdir)
+  time.sleep(delay)
+  run.process.send_signal(signal.SIGTERM)
+  assert run.finish() == 0, run.output[-3000:]
+  assert helpers.checkpoint_steps(workdir) == [step]
+
+
+def test_signals_while_the_interpreter_finalizes_do_not_kill_the_stopped_run(tmp_path, uninterrupted):
+  """The moment itself, not a timing that may miss it: the process paused in its finalization, after every exit
+  hook, where CPython has given SIGTERM and SIGINT their default action back unless they are ignored."""
+  workdir = _workdir(tmp_path, uninterrupted)
+  run, step = _preempted(workdir, paused=('finalizing',))
+  run.wait_for('paused finalizing')
+  run.process.send_signal(signal.SIGTERM)
+  run.process.send_signal(signal.SIGINT)
+  run.resume()
+  assert run.finish() == 0, run.output[-3000:]
+  assert helpers.checkpoint_steps(workdir) == [step]
+
+
+@pytest.mark.parametrize('phase', REPORT_PHASES)
+def test_a_signal_anywhere_in_the_final_evaluation_ends_it_cleanly(tmp_path, uninterrupted, phase):
+  """A SIGTERM while the final evaluation restores, compiles, decodes (a batch on the device) or writes: the
+  evaluation stops at its next safe point (between batches, before its files) with exit 0 and the training saved;
+  nothing half-written, no fatal error. One that comes once the files are being written lets them finish."""
+  workdir = _workdir(tmp_path, uninterrupted)
+  run = _Run(workdir, paused=(phase,), train__num_steps=4)
+  run.wait_for(f'paused {phase}')
+  run.process.send_signal(signal.SIGTERM)
+  run.resume()
+  assert run.finish() == 0, run.output[-3000:]
+  assert 'Fatal Python error' not in run.output and 'Traceback' not in run.output, run.output[-3000:]
+  assert helpers.checkpoint_steps(workdir)[-1] == 4
+  results = Workdir(workdir).final_results_file
+  if phase != 'writing':
+    assert 'stopped during the final evaluation (signal 15): training is saved at step 4' in run.output
+    assert not os.path.exists(results) and not os.path.exists(os.path.dirname(Workdir(workdir).translation_file(
+        'test', 'hyp')))
+    return
+  assert 'stopped during the final evaluation' not in run.output  # past its last safe point: written whole
+  with open(results, encoding='utf-8') as f:
+    saved = json.load(f)
+  for path in saved['translations'].values():
+    with open(path, encoding='utf-8') as f:
+      assert len(f.read().splitlines()) == saved['num_sentences']
 
 
 def test_a_second_train_py_on_a_workdir_in_use_is_refused_in_one_line(tmp_path, uninterrupted, entry_points):

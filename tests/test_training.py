@@ -25,6 +25,7 @@ from tensorboardX.proto import event_pb2
 
 import helpers
 from transformer_jax.config import pipeline as pipeline_section
+from transformer_jax.core import stops
 from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
@@ -423,9 +424,10 @@ def test_train_py_keeps_compiled_programs_beside_the_workdir_by_default(tmp_path
   assert any(cache.iterdir())  # the train step (and more) stored for the next run
 
 
-def test_a_signal_while_a_line_is_being_logged_still_stops_the_final_report():
-  """logging catches every Exception raised while it writes (and prints it as a logging error): the stop must
-  get through, as it did not when a SIGTERM landed while the final report logged a line."""
+def test_a_signal_during_the_final_report_stops_it_at_the_next_safe_point_and_nowhere_else():
+  """The handler never raises into what runs (here a line being logged, whose handler catches every Exception; as
+  well an orbax restore or a compile): the request is remembered, and the report stops at its next safe point
+  (`stops.here`). Outside the report, a safe point does nothing."""
 
   class SignalledWhileFlushing(logging.StreamHandler):
     def flush(self):
@@ -433,10 +435,24 @@ def test_a_signal_while_a_line_is_being_logged_still_stops_the_final_report():
       super().flush()
 
   logger = logging.getLogger('test_signal_while_logging')
-  logger.addHandler(SignalledWhileFlushing(io.StringIO()))
+  stream = io.StringIO()
+  logger.addHandler(SignalledWhileFlushing(stream))
   logger.propagate = False
   with preemption.StopRequest() as stop:
-    with pytest.raises(preemption.StopRequested):
-      with stop.raising():
+    with pytest.raises(preemption.StopRequested, match='signal 15'):
+      with stop.at_safe_points():
         logger.warning('a line of the final report')
+        logger.warning('and the next one')  # the signal came: nothing raised where it was handled
+        stops.here()
+    assert stream.getvalue() == 'a line of the final report\nand the next one\n'
     assert stop.requested(step=1)  # and the request is remembered
+    stops.here()  # outside the report
+    with pytest.raises(preemption.StopRequested):  # a signal that came before the report stops it at once
+      with stop.at_safe_points():
+        pass
+  with preemption.StopRequest() as stop:  # where the report may block for good (reading a file): at once
+    went_on = False
+    with pytest.raises(preemption.StopRequested), stop.at_safe_points(), stops.interruptible():
+      os.kill(os.getpid(), signal.SIGTERM)
+      went_on = True
+    assert not went_on and stops.at_once() == 0

@@ -6,6 +6,7 @@ from absl import flags
 
 from transformer_jax import cli
 from transformer_jax.interop import hf
+from transformer_jax.interop import marian
 from transformer_jax.interop import marian_import as convert
 
 _FROM_HF = flags.DEFINE_string('from_hf', None, 'A transformers MarianMT checkpoint: its directory, or a hub id in '
@@ -20,6 +21,11 @@ def main(argv):
   cfg = convert.import_checkpoint(directory, _WORKDIR.value)
   print(f'wrote {_WORKDIR.value}: a {cfg.num_encoder_layers}+{cfg.num_decoder_layers}-layer MarianMT model '
         f'(d_model {cfg.d_model}, {cfg.vocab_size} ids) from {directory} at step 0')
+  generation = marian.generation_settings(hf.read_config(directory))
+  if generation:
+    settings = ', '.join(f'{key}={value!r}' for key, value in generation.items())
+    print(f'not carried: config.json\'s settings of transformers\' generate ({settings}), which are not the model; '
+          f'our tools decode with the run\'s decode section (--config.decode.beam_size=..., alpha, max_len_offset)')
 
 
 if __name__ == '__main__':

@@ -4,8 +4,8 @@
 ctranslate2: a CTranslate2 model directory (`export_ctranslate2`) holding the SentencePiece model and the run's
 decode settings, for `python -m transformer_jax.translate --engine=ctranslate2 --model=DIR` or
 `ctranslate2.Translator`. transformers: a MarianMT directory (`hf.write`) with its tokenizer and a model card, for
-`MarianMTModel.from_pretrained(DIR)` and its `generate`. What the format cannot represent is
-refused in one line before anything is restored.
+`MarianMTModel.from_pretrained(DIR)` and `MarianTokenizer.from_pretrained(DIR)` (translate with `model.generate`).
+What the format cannot represent is refused in one line before anything is restored.
 """
 
 import flax.linen as nn
@@ -26,7 +26,8 @@ from transformer_jax.interop import marian
 
 _CHECKPOINTS = cli.CheckpointFlags()
 _FORMAT = flags.DEFINE_enum('format', 'ctranslate2', ['ctranslate2', 'transformers'],
-                            'ctranslate2 (serving) or transformers (a MarianMT directory: the Hub, pipelines).')
+                            'ctranslate2 (serving) or transformers (a MarianMT directory for MarianMTModel and '
+                            'MarianTokenizer.from_pretrained, and the Hub).')
 _OUT = flags.DEFINE_string('out', None, 'The model directory to write (new or empty).', required=True)
 _QUANTIZATION = flags.DEFINE_enum('quantization', None, [q for q in export.QUANTIZATIONS if q],
                                   'Weight type (default: float32, as trained).')

@@ -50,6 +50,10 @@ class ModelConfig:
   scale_embeddings: bool = True  # token embeddings ×√d_model (§3.4)
   attention_bias: bool = False  # biases on the attention projections (the paper's W matrices have none)
   logits_bias: bool = False  # a bias added to the pre-softmax logits
+  # id 0's row copies BOS's (id 2): an imported MarianMT, whose decoder starts with its pad token. PAD is then left
+  # out of every softmax (`first_output_id`), so that this token counts once, and BOS's row takes no gradient as an
+  # input (as torch's padding_idx): the model computes and trains as the imported one.
+  pad_is_bos: bool = False
   share_embeddings: bool = True  # source, target and pre-softmax weights tied (§3.4)
   norm: str = 'post'
   layer_norm_epsilon: float = 1e-6
@@ -129,6 +133,11 @@ class ModelConfig:
   @property
   def head_dim_v(self) -> int:
     return self.d_v or self.d_model // self.num_heads
+
+  @property
+  def first_output_id(self) -> int:
+    """The lowest id the softmax covers: 1 with `pad_is_bos` (PAD's logit is left out), else 0."""
+    return 1 if self.pad_is_bos else 0
 
   @property
   def position_limit(self) -> int | None:

@@ -50,15 +50,20 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate(train: ml_collections.ConfigDict) -> None:
   check_schedule(train)
-  if train.schedule in WARMUP_SCHEDULES and train.warmup_steps > train.num_steps:
-    raise ValueError(f'train.warmup_steps={train.warmup_steps} > train.num_steps={train.num_steps}: '
-                     'lower the warmup or train longer.')
-  if train.on_nonfinite not in NONFINITE_MODES:
-    raise ValueError(f'train.on_nonfinite={train.on_nonfinite!r}: use one of {NONFINITE_MODES}.')
   for key in ('log_every', 'eval_every', 'checkpoint_every', 'grad_accum_steps', 'num_steps', 'eval_batches',
               'max_steps_ahead'):
     if train[key] < 1:
       raise ValueError(f'train.{key} must be >= 1, got {train[key]}.')
+  if train.schedule in WARMUP_SCHEDULES:
+    lowest = 1 if train.schedule == 'paper' else 0  # the paper's rate is step · warmup_steps^-1.5 while warming up
+    if train.warmup_steps < lowest:
+      raise ValueError(f'train.warmup_steps must be >= {lowest} with train.schedule={train.schedule!r}, got '
+                       f'{train.warmup_steps}.')
+    if train.warmup_steps > train.num_steps:  # both checked on their own first
+      raise ValueError(f'train.warmup_steps={train.warmup_steps} > train.num_steps={train.num_steps}: '
+                       'lower the warmup or train longer.')
+  if train.on_nonfinite not in NONFINITE_MODES:
+    raise ValueError(f'train.on_nonfinite={train.on_nonfinite!r}: use one of {NONFINITE_MODES}.')
   if not train.adam_eps > 0.0:
     raise ValueError(f'train.adam_eps must be > 0, got {train.adam_eps}: Adam divides by sqrt(v) + eps, which is 0/0 '
                      'for a parameter whose gradients have all been 0 (the paper: 1e-9).')

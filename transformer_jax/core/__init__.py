@@ -1,2 +1,2 @@
 """What every layer shares: reserved token ids, one-line errors, the readers and writers of user and run files,
-and the run directory's layout."""
+the run directory's layout, and the safe points where a long job may stop."""

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import types
 
+from transformer_jax.core import stops
 from transformer_jax.core.errors import one_line
 
 
@@ -35,9 +36,10 @@ def text_lines(data: bytes, name: str) -> list[str]:
 
 
 def read_text_lines(path: str, what: str) -> list[str]:
-  """`text_lines` of a file; `what` says where the path came from (e.g. a config key) for the error."""
+  """`text_lines` of a file; `what` says where the path came from (e.g. a config key) for the error. Reading may
+  block for good (a pipe with no writer): a stop may interrupt it (`stops.interruptible`)."""
   try:
-    with open(path, 'rb') as f:
+    with stops.interruptible(), open(path, 'rb') as f:
       data = f.read()
   except FileNotFoundError:
     raise FileNotFoundError(f'{path} does not exist: fix {what}') from None

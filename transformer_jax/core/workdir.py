@@ -3,13 +3,19 @@
     WORKDIR/config.json              the resolved config of the run (evaluation and translation start from it)
     WORKDIR/tokenizer/spm.model      the shared SentencePiece model
     WORKDIR/checkpoints/<step>/      orbax checkpoints (checkpoint.py holds what is inside one)
-    WORKDIR/averaged/checkpoints/    averaged params written by `eval.py --save_averaged`
+    WORKDIR/averaged/<params>/       averaged params written by `eval.py --save_averaged`, a workdir of their own
+                                     (config.json, tokenizer/, checkpoints/<step>, averaged.json: where they come
+                                     from), named by their steps (`steps_name`: average<K>_step<N>)
     WORKDIR/metrics.jsonl            one JSON line per logged train / eval / compile record
     WORKDIR/tensorboard/             TensorBoard event files
-    WORKDIR/results.json             the final model's evaluation of the test split (results_<split>.json for
-                                     others; results_step<N>.json for other params, results_ensemble.json for an
-                                     ensemble evaluated from this workdir: `params_tag`, `scoring.results_tag`)
-    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of the last evaluation (<split>.<tag>.*.txt)
+    WORKDIR/results.json             the run's own final evaluation: its final model on the test split with its
+                                     own data, decoding and model settings (results_<split>.json for another
+                                     split); any other evaluation gets a name of its own that says what differs:
+                                     results[_<split>]_<tag>.json, the tag naming the params (step<N>,
+                                     average<K>_step<N>, ensemble-<digest of its members>) and each config section
+                                     that differs from the run's (data-<digest>, decode-<digest>, model-<digest>):
+                                     `params_tag`, `scoring.results_tag`
+    WORKDIR/translations/            <split>.{src,hyp,ref}.txt of that evaluation (<split>.<tag>.*.txt)
     WORKDIR/train.log                train.py's output when a sweep launches it
     WORKDIR/train.lock               held by the training process (`Workdir.exclusive`): one run per workdir
 """
@@ -36,14 +42,19 @@ def _is_file(fd: int, path: str) -> bool:
     return False
 
 
+def steps_name(steps) -> str:
+  """The params of checkpoint `steps` in a name: 'step<N>' for one checkpoint, 'average<K>_step<N>' for an average
+  of K ending at step N."""
+  steps = list(steps)
+  return f'step{steps[-1]}' if len(steps) == 1 else f'average{len(steps)}_step{steps[-1]}'
+
+
 def params_tag(steps, final_steps) -> str | None:
   """How the results of params from checkpoint `steps` are named beside those of the run's final model
-  (`final_steps`): None (results.json) for the final model, 'step<N>' for one other checkpoint, 'average<K>_step<N>'
-  for an average of K ending at step N."""
-  steps = list(steps)
-  if final_steps is None or steps == list(final_steps):
+  (`final_steps`): None (results.json) for the final model, else `steps_name`."""
+  if final_steps is None or list(steps) == list(final_steps):
     return None
-  return f'step{steps[-1]}' if len(steps) == 1 else f'average{len(steps)}_step{steps[-1]}'
+  return steps_name(steps)
 
 
 class WorkdirInUseError(OSError):
@@ -74,10 +85,14 @@ class Workdir:
   def checkpoints(self) -> str:
     return os.path.join(os.path.abspath(self.path), 'checkpoints')  # orbax wants an absolute path
 
+  def averaged(self, steps) -> 'Workdir':
+    """The workdir that `eval.py --save_averaged` makes of the params of checkpoint `steps` (averaged)."""
+    return Workdir(self._join('averaged', steps_name(steps)))
+
   @property
-  def averaged(self) -> 'Workdir':
-    """Where `eval.py --save_averaged` writes params-only checkpoints (their own `checkpoints/` inside)."""
-    return Workdir(self._join('averaged'))
+  def averaged_from_file(self) -> str:
+    """In a workdir of averaged params: the run and checkpoint steps they come from."""
+    return self._join('averaged.json')
 
   @property
   def metrics_file(self) -> str:

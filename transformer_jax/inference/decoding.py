@@ -19,11 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.core.tokens import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.model.transformer import MASKED_LOGIT
 
 PyTree = Any
 LogitsFn = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
-
-NEG_INF = -1e9  # finite logit for tokens that sampling must never pick (no inf - inf = nan)
 
 
 def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
@@ -59,6 +58,13 @@ def _first_tokens(first_tokens, batch_size: int) -> jax.Array:
   if first_tokens.shape != (batch_size,):
     raise ValueError(f"first_tokens has shape {first_tokens.shape}; it needs one token per row, ({batch_size},)")
   return first_tokens
+
+
+def _row_limits(row_limits, batch_size: int, max_decode_len: int) -> jax.Array:
+  """Each row's most tokens, [batch]: max_decode_len unless given (and never more)."""
+  if row_limits is None:
+    return jnp.full((batch_size,), max_decode_len, jnp.int32)
+  return jnp.minimum(jnp.asarray(row_limits, jnp.int32), max_decode_len)
 
 
 def _previous_tokens(seqs: jax.Array, step: jax.Array, first_tokens: jax.Array) -> jax.Array:
@@ -110,8 +116,9 @@ def _top_by_score(scores: jax.Array, seqs: jax.Array, k: int) -> tuple[jax.Array
   return top_scores, _take(seqs, idx)
 
 
-def _beam_step(state: _BeamState, logits_fn: LogitsFn, alpha, eos_id, first_tokens) -> _BeamState:
-  """Expands every live beam by every token and keeps the best live and finished hypotheses.
+def _beam_step(state: _BeamState, logits_fn: LogitsFn, alpha, eos_id, first_tokens, limits) -> _BeamState:
+  """Expands every live beam by every token and keeps the best live and finished hypotheses; a batch row that has
+  its `limits` tokens ([batch]) is left as it is.
 
   As in fairseq, an EOS expansion finishes a hypothesis only if it ranks within the top
   beam_size expansions of its batch row, so beam_size=1 with alpha=0 is exactly greedy search.
@@ -138,31 +145,36 @@ def _beam_step(state: _BeamState, logits_fn: LogitsFn, alpha, eos_id, first_toke
   )
 
   live_logprobs, live_idx = jax.lax.top_k(jnp.where(is_eos, -jnp.inf, cand_logprobs), beam_size)
+  growing = state.step < limits  # [batch]
+  keep = lambda new, old: jnp.where(growing.reshape(-1, *[1] * (new.ndim - 1)), new, old)
+  beam_idx = keep(_take(cand_beams, live_idx), jnp.arange(beam_size)[None])
   return _BeamState(
     step=state.step + 1,
-    live_seqs=_take(cand_seqs, live_idx),
-    live_logprobs=live_logprobs,
-    finished_seqs=finished_seqs,
-    finished_scores=finished_scores,
-    cache=_reorder_cache(cache, _take(cand_beams, live_idx)),
+    live_seqs=keep(_take(cand_seqs, live_idx), state.live_seqs),
+    live_logprobs=keep(live_logprobs, state.live_logprobs),
+    finished_seqs=keep(finished_seqs, state.finished_seqs),
+    finished_scores=keep(finished_scores, state.finished_scores),
+    cache=_reorder_cache(cache, beam_idx),
   )
 
 
-def _beam_can_improve(state: _BeamState, alpha, max_decode_len: int) -> jax.Array:
-  """False once, in every batch row, no live beam can beat the worst of the n best finished.
+def _beam_can_improve(state: _BeamState, alpha, limits: jax.Array) -> jax.Array:
+  """False once, in every batch row short of its `limits` tokens, no live beam can beat the worst of the n best
+  finished.
 
   Log-probs only decrease as a beam grows and lp grows with length, so a live beam's best
-  possible score is live_logprob / lp(max_decode_len).
+  possible score is live_logprob / lp(its row's limit).
   """
-  best_live = state.live_logprobs.max(axis=1) / length_penalty(max_decode_len, alpha)
-  return jnp.any(best_live >= state.finished_scores[:, -1])
+  best_live = state.live_logprobs.max(axis=1) / length_penalty(limits, alpha)
+  return jnp.any((state.step < limits) & (best_live >= state.finished_scores[:, -1]))
 
 
-def _beam_results(state: _BeamState, alpha) -> tuple[jax.Array, jax.Array]:
+def _beam_results(state: _BeamState, alpha, limits: jax.Array) -> tuple[jax.Array, jax.Array]:
   """The finished hypotheses of each batch row, best first, then, in slots no finished one
   filled, the best live beams (scored with the length penalty at their current length)."""
   n_best = state.finished_scores.shape[1]
-  live_scores = state.live_logprobs[:, :n_best] / length_penalty(state.step, alpha)
+  lengths = jnp.minimum(state.step, limits)[:, None]
+  live_scores = state.live_logprobs[:, :n_best] / length_penalty(lengths, alpha)
   n_finished = jnp.sum(state.finished_scores > -jnp.inf, axis=1, keepdims=True)
   slot = jnp.arange(n_best)[None, :]
   idx = jnp.where(slot < n_finished, slot, n_best + slot - n_finished)
@@ -183,6 +195,7 @@ def beam_search(
   n_best: int = 1,
   early_stopping: bool = True,
   first_tokens: jax.Array | None = None,
+  row_limits: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty; returns tokens [batch, n_best, max_decode_len]
   and scores [batch, n_best] (log_prob / lp(length incl. EOS)), best first.
@@ -193,7 +206,8 @@ def beam_search(
   Slots scored -inf are empty (fewer distinct hypotheses exist than n_best). Stops early once no
   live beam can change the n best; early_stopping=False runs all max_decode_len steps (for
   checking that this changes nothing). alpha must be >= 0 for the early stop to be exact.
-  first_tokens: [batch] each row's first input (default BOS_ID), shared by its beams.
+  first_tokens: [batch] each row's first input (default BOS_ID), shared by its beams; row_limits: [batch] each
+  row's most tokens (at most max_decode_len; default max_decode_len), where its search ends as at max_decode_len.
   """
   _check_lengths(batch_size, max_decode_len)
   if not 1 <= n_best <= beam_size:
@@ -210,12 +224,15 @@ def beam_search(
     cache=expand_to_beams(cache, beam_size),
   )
 
+  limits = _row_limits(row_limits, batch_size, max_decode_len)
+
   def cond(state):
     running = state.step < max_decode_len
-    return running & _beam_can_improve(state, alpha, max_decode_len) if early_stopping else running
+    return running & _beam_can_improve(state, alpha, limits) if early_stopping else running
 
-  final = jax.lax.while_loop(cond, lambda state: _beam_step(state, logits_fn, alpha, eos_id, first_tokens), init)
-  return _beam_results(final, alpha)
+  final = jax.lax.while_loop(cond, lambda state: _beam_step(state, logits_fn, alpha, eos_id, first_tokens, limits),
+                             init)
+  return _beam_results(final, alpha, limits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,7 +262,7 @@ def _decode_token_by_token(
   _check_lengths(batch_size, max_decode_len)
   _check_cache(cache, batch_size)
   first_tokens = _first_tokens(first_tokens, batch_size)
-  limits = jnp.full((batch_size,), max_decode_len, jnp.int32) if row_limits is None else row_limits
+  limits = _row_limits(row_limits, batch_size, max_decode_len)
 
   def body(state):
     tokens = _previous_tokens(state.seqs, state.step, first_tokens)
@@ -288,7 +305,7 @@ def greedy_search(
 
 
 def filter_logits(logits: jax.Array, temperature=1.0, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
-  """Divides logits [..., vocab] by temperature, then sets to NEG_INF all but the top_k tokens
+  """Divides logits [..., vocab] by temperature, then sets to MASKED_LOGIT all but the top_k tokens
   (0 = off) and all but the smallest set of most likely tokens with probability >= top_p (1.0 = off).
 
   top_k and top_p must be Python numbers (they decide shapes and which filters run).
@@ -296,13 +313,13 @@ def filter_logits(logits: jax.Array, temperature=1.0, top_k: int = 0, top_p: flo
   logits = logits / temperature
   if top_k > 0:
     kth_best = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][..., -1:]
-    logits = jnp.where(logits < kth_best, NEG_INF, logits)
+    logits = jnp.where(logits < kth_best, MASKED_LOGIT, logits)
   if top_p < 1.0:
     sorted_logits = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)
     probs = jax.nn.softmax(sorted_logits, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs  # the most likely token is always kept
     cutoff = jnp.min(jnp.where(mass_before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    logits = jnp.where(logits < cutoff, NEG_INF, logits)
+    logits = jnp.where(logits < cutoff, MASKED_LOGIT, logits)
   return logits
 
 

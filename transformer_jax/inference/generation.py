@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer_jax.core import stops
 from transformer_jax.core.tokens import BOS_ID, EOS_ID
 from transformer_jax.data import pipeline
 from transformer_jax.data import text_input
@@ -107,26 +108,27 @@ def ensemble_logits_fn(member_fns: Sequence[decoding.LogitsFn]) -> decoding.Logi
                                              'temperature', 'top_k', 'top_p', 'use_cache'))
 def generate(members: tuple[ensemble.Member, ...], inputs, rng, *, method: str = 'beam', beam_size: int = 4,
              alpha: float = 0.6, max_decode_len: int = 64, n_best: int = 1, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, use_cache: bool = True):
+             top_k: int = 0, top_p: float = 1.0, use_cache: bool = True, row_limits=None):
   """Token ids [batch, n_best, max_decode_len] (PAD after EOS) and scores, by beam search, greedy or sampling
   with one model (one member) or an ensemble: each member with its own encoder output (or prompt prefill) and
   key/value cache, their log-probabilities combined per step by `ensemble_logits_fn`, all in one jitted program.
 
   inputs [batch, length] (right-padded with 0): the source sentences of a translation, or the prompts a language
-  model continues (a document's first tokens, without EOS; an empty row starts a document). use_cache=False
-  recomputes the decoder over the whole prefix at every step (for tests and benchmarks).
+  model continues (a document's first tokens, without EOS; an empty row starts a document). row_limits [batch]: a
+  translation's most tokens per row (default max_decode_len); a language model's row ends where its prompt and
+  continuation fill the model's max length. use_cache=False recomputes the decoder over the whole prefix at every
+  step (for tests and benchmarks).
   """
   starts = [_start(m.model, m.params, inputs) for m in members]
   make_fn = _cached_logits_fn if use_cache else _uncached_logits_fn
   member_fns, caches = zip(*(make_fn(m.model, m.params, start, max_decode_len) for m, start in zip(members, starts)))
   logits_fn, cache = ensemble_logits_fn(member_fns), tuple(caches)
   batch, first = inputs.shape[0], starts[0].first_tokens  # the same for every member: it comes from the inputs
-  # A language model's row ends where its prompt and continuation fill the model's max length.
   limits = (min(m.model.config.max_len for m in members) - starts[0].positions
-            if members[0].model.config.decoder_only else None)
+            if members[0].model.config.decoder_only else row_limits)
   if method == 'beam':
     return decoding.beam_search(logits_fn, cache, batch, beam_size=beam_size, alpha=alpha,
-                                max_decode_len=max_decode_len, n_best=n_best, first_tokens=first)
+                                max_decode_len=max_decode_len, n_best=n_best, first_tokens=first, row_limits=limits)
   if method == 'greedy':
     tokens = decoding.greedy_search(logits_fn, cache, batch, max_decode_len=max_decode_len, first_tokens=first,
                                     row_limits=limits)
@@ -138,16 +140,22 @@ def generate(members: tuple[ensemble.Member, ...], inputs, rng, *, method: str =
   return tokens[:, None], jnp.zeros((batch, 1), jnp.float32)
 
 
-def generate_batches(restored: Restored, batches, max_decode_len, rng=None, **generate_kwargs):
+def generate_batches(restored: Restored, batches, max_decode_len, rng=None, per_row: bool = False,
+                     **generate_kwargs):
   """Yields (example_index, best token ids) for every real row of `batches` (this process's rows) by `generate`.
 
-  max_decode_len(width): the output length for a batch of inputs `width` tokens wide; batch i samples with
-  fold_in(rng, i).
+  max_decode_len(length): the output length for a batch of inputs `length` tokens wide or, `per_row`, for each
+  row's own input of `length` tokens (a translation's); batch i samples with fold_in(rng, i).
   """
   batch_sharding = sharding.batch_sharding(restored.mesh)
   rng = jax.random.key(0) if rng is None else rng
   for number, batch in enumerate(batches):
+    stops.here()
     inputs = jax.make_array_from_process_local_data(batch_sharding, batch['inputs'])
+    if per_row:
+      lengths = np.sum(batch['inputs'] > 0, axis=1)
+      limits = np.asarray([max_decode_len(int(length)) for length in lengths], np.int32)
+      generate_kwargs['row_limits'] = jax.make_array_from_process_local_data(batch_sharding, limits)
     tokens, _ = generate(restored.members, inputs, jax.random.fold_in(rng, number),
                          max_decode_len=max_decode_len(batch['inputs'].shape[1]), **generate_kwargs)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))[:, 0]
@@ -158,9 +166,10 @@ def generate_batches(restored: Restored, batches, max_decode_len, rng=None, **ge
 
 
 def translate_batches(restored: Restored, batches, decode_cfg, method: str = 'beam'):
-  """Yields (example_index, best token ids) for every real row of `batches` (this process's rows)."""
+  """Yields (example_index, best token ids) for every real row of `batches` (this process's rows), each at most
+  its input's length (tokens, EOS included) + `decode.max_len_offset` tokens long (`Restored.decode_length`)."""
   return generate_batches(restored, batches,
-                          lambda width: restored.decode_length(width, decode_cfg.max_len_offset),
+                          lambda length: restored.decode_length(length, decode_cfg.max_len_offset), per_row=True,
                           method=method, beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha)
 
 

@@ -3,6 +3,9 @@ restores, a given one or the average of the last few, in either layer layout. Wh
 trained run starts from (`Restored`); generation, scoring and export take it from here."""
 
 import dataclasses
+import json
+import os
+import shutil
 
 import jax
 import ml_collections
@@ -10,6 +13,7 @@ from absl import logging
 
 from transformer_jax.config import mesh as mesh_section
 from transformer_jax.config.model import ModelConfig
+from transformer_jax.core import files
 from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model import ensemble
@@ -185,12 +189,30 @@ def _counted(params, restored: progress.Progress):
   return params
 
 
-def save_averaged(restored: Restored, workdir: str) -> str:
-  """Writes averaged params as a params-only checkpoint in the workdir's `averaged` checkpoints (at the last
-  averaged step); returns its directory."""
-  directory = Workdir(workdir).averaged.checkpoints
-  manager = checkpoint.make_manager(directory, async_save=False)
+def save_averaged(restored: Restored, workdir: str) -> tuple[str, bool]:
+  """Writes the restored params (one model's, averaged) as a workdir of their own, `Workdir.averaged`: the run's
+  config.json and tokenizer and a params-only checkpoint at the last averaged step, then where they come from
+  (`Workdir.averaged_from_file`, last: a save that did not finish has none), so that every tool reads it as it reads
+  a run. Never over another average: the same average saved before is left as it is. Returns (its path, whether it
+  was written now)."""
+  run = Workdir(workdir)
+  out = run.averaged(restored.steps)
+  origin = {'workdir': os.path.abspath(workdir), 'steps': list(restored.steps)}
+  if os.path.exists(out.path):
+    saved = (files.read_json(out.averaged_from_file, 'averaged params\' origin')
+             if os.path.isfile(out.averaged_from_file) else None)
+    if saved != origin:
+      raise ValueError(f'{out.path} exists and is not a finished save of the average of steps {origin["steps"]} of '
+                       f'{workdir}: move it away to save this average there.')
+    return out.path, False
+  if jax.process_index() == 0:
+    out.ensure_writable()
+    shutil.copyfile(run.config_file, out.config_file)
+    shutil.copytree(os.path.dirname(run.tokenizer_model), os.path.dirname(out.tokenizer_model))
+  manager = checkpoint.make_manager(out.checkpoints, async_save=False)
   checkpoint.save(manager, restored.steps[-1], {'params': restored.params}, force=True)
   manager.wait_until_finished()
   manager.close()
-  return f'{directory}/{restored.steps[-1]}'
+  if jax.process_index() == 0:
+    files.write_atomically(out.averaged_from_file, json.dumps(origin, indent=2))
+  return out.path, True

@@ -7,7 +7,8 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
   ours start from position 0 (§3.5), so the table is written out as `position_encodings`
   (sinusoidal, in the model's layout: `model.max_positions` rows, else max(max_len, 1024), 1024 being CT2's
   default max_input_length; learned: the trained table);
-- the FFN activation (ReLU, GELU, swish), attention biases and the logits bias where the model has them;
+- the FFN activation (ReLU, GELU, swish), attention biases and the logits bias where the model has them; an
+  imported MarianMT's PAD logit (`model.pad_is_bos`) masked by the logits bias, as our model masks it;
 - shared source/target/pre-softmax weights: one matrix, stored once (CT2 aliases equal variables);
 - post-LN or pre-LN (`pre_norm`, with the final LayerNorm of pre-LN stacks); our LayerNorm epsilon goes into
   config.json, which CT2 reads;
@@ -44,7 +45,7 @@ from transformer_jax.core import files
 from transformer_jax.core.tokens import BOS_ID, EOS_ID, UNK_ID
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.interop import marian
-from transformer_jax.model.transformer import sinusoidal_encoding
+from transformer_jax.model.transformer import MASKED_LOGIT, sinusoidal_encoding
 
 # Weight types of the exported model. CT2 computes in a type the device supports: on a CPU without float16
 # arithmetic, 'float16' runs as float32 and 'int8_float16' as int8 with float32 (the GPU types).
@@ -172,8 +173,10 @@ def transformer_model_spec(cfg: ModelConfig, weights) -> transformer_spec.Transf
   spec.encoder.embeddings[0].weight = source
   spec.decoder.embeddings.weight = target
   spec.decoder.projection.weight = np.ascontiguousarray(output)
-  if cfg.logits_bias:
-    spec.decoder.projection.bias = _get(weights, 'decoder', 'logits_bias')
+  if cfg.logits_bias or cfg.first_output_id:  # the ids below first_output_id are masked as our logits mask them
+    bias = _get(weights, 'decoder', 'logits_bias') if cfg.logits_bias else np.zeros(cfg.vocab_size, np.float32)
+    spec.decoder.projection.bias = np.where(np.arange(cfg.vocab_size) < cfg.first_output_id, MASKED_LOGIT, bias
+                                            ).astype(np.float32)
 
   for side, stack in (('encoder', spec.encoder), ('decoder', spec.decoder)):
     stack.position_encodings.encodings = _positions(cfg, weights, side)

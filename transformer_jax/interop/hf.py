@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.core import files
-from transformer_jax.core.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.core.tokens import UNK_ID
 from transformer_jax.interop import marian
 
 CONFIG, SAFETENSORS, PYTORCH = 'config.json', 'model.safetensors', 'pytorch_model.bin'
@@ -30,6 +30,7 @@ class Checkpoint:
   directory: str
   config: dict  # config.json
   tensors: dict  # name -> numpy array
+  tensors_file: str  # the file they were read from
   vocab: dict  # vocab.json: piece -> Marian id
 
 
@@ -48,8 +49,8 @@ def resolve(name: str) -> str:
                      f'first with `hf download {name}` (or pass a directory holding the checkpoint).') from None
 
 
-def read(directory: str) -> Checkpoint:
-  """Reads a MarianMT checkpoint directory; every problem is one line naming the file and what to do."""
+def read_config(directory: str) -> dict:
+  """A MarianMT checkpoint's config.json; one line if the directory has none or it is not a MarianMT one."""
   config_file = os.path.join(directory, CONFIG)
   if not os.path.isfile(config_file):
     raise ValueError(f'{directory} has no {CONFIG}: it is not a transformers checkpoint; pass the directory holding '
@@ -58,6 +59,12 @@ def read(directory: str) -> Checkpoint:
   if config.get('model_type') != 'marian':
     raise ValueError(f'{config_file} describes a {config.get("model_type")!r} model, not a MarianMT one: pass the '
                      'directory of a transformers MarianMT checkpoint (model_type "marian").')
+  return config
+
+
+def read(directory: str) -> Checkpoint:
+  """Reads a MarianMT checkpoint directory; every problem is one line naming the file and what to do."""
+  config = read_config(directory)
   for name in TOKENIZER_FILES:
     if not os.path.isfile(os.path.join(directory, name)):
       raise ValueError(f'{os.path.join(directory, name)} is missing: a MarianMT checkpoint needs its tokenizer files '
@@ -66,16 +73,17 @@ def read(directory: str) -> Checkpoint:
     raise ValueError(f'{directory} has separate source and target vocabularies (target_vocab.json), which our model '
                      '(one vocabulary) cannot hold: convert a checkpoint with one vocab.json.')
   vocab = files.read_json(os.path.join(directory, VOCAB), 'tokenizer vocabulary')
-  return Checkpoint(directory, config, _read_tensors(directory), vocab)
+  return Checkpoint(directory, config, *_read_tensors(directory), vocab)
 
 
-def _read_tensors(directory: str) -> dict:
+def _read_tensors(directory: str) -> tuple[dict, str]:
+  """The checkpoint's tensors by name, and the file they come from."""
   path = os.path.join(directory, SAFETENSORS)
   if os.path.isfile(path):
     from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
     from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
     try:
-      return load_file(path)
+      return load_file(path), path
     except (SafetensorError, OSError) as e:
       raise ValueError(f'{path} does not read as safetensors ({e}): it is truncated or damaged; download it again.'
                        ) from None
@@ -87,7 +95,7 @@ def _read_tensors(directory: str) -> dict:
     except Exception as e:  # pylint: disable=broad-except  # torch: a damaged archive (several exception types)
       raise ValueError(f'{path} does not load ({type(e).__name__}): it is truncated or damaged; download it again.'
                        ) from None
-    return {k: v.float().numpy() for k, v in state.items()}
+    return {k: v.float().numpy() for k, v in state.items()}, path
   raise ValueError(f'{directory} holds neither {SAFETENSORS} nor {PYTORCH}: copy the model weights there.')
 
 
@@ -101,14 +109,14 @@ def write(cfg: ModelConfig, params, tokenizer, out_dir, *, decode, card: str) ->
   with files.staged_directory(out_dir) as staging:
     save_file(marian.to_state_dict(cfg, params), os.path.join(staging, SAFETENSORS), metadata={'format': 'pt'})
     _write_json(staging, CONFIG, marian.marian_config(cfg))
+    ids, pieces = marian.export_special_ids(cfg), marian.export_pieces(cfg, tokenizer.pieces)
     _write_json(staging, 'generation_config.json', {
-        'decoder_start_token_id': BOS_ID, 'eos_token_id': EOS_ID, 'pad_token_id': PAD_ID,
+        'decoder_start_token_id': ids['start'], 'eos_token_id': ids['eos'], 'pad_token_id': ids['pad'],
         'num_beams': decode.beam_size, 'max_length': positions})
-    _write_json(staging, VOCAB, {piece: i for i, piece in enumerate(tokenizer.pieces)})
+    _write_json(staging, VOCAB, {piece: i for i, piece in enumerate(pieces)})
     _write_json(staging, 'tokenizer_config.json', {
         'tokenizer_class': 'MarianTokenizer', 'model_max_length': positions, 'separate_vocabs': False,
-        'unk_token': tokenizer.id_to_piece(UNK_ID), 'eos_token': tokenizer.id_to_piece(EOS_ID),
-        'pad_token': tokenizer.id_to_piece(PAD_ID)})
+        'unk_token': tokenizer.id_to_piece(UNK_ID), 'eos_token': pieces[ids['eos']], 'pad_token': pieces[ids['pad']]})
     source, target = tokenizer.spm_files
     shutil.copyfile(source, os.path.join(staging, SOURCE_SPM))
     shutil.copyfile(target, os.path.join(staging, TARGET_SPM))

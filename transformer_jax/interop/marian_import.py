@@ -28,21 +28,29 @@ from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import checkpoint
 
 def special_ids(source: hf.Checkpoint) -> dict[str, int]:
-  """Marian's pad, eos, decoder start and unk ids (config.json and vocab.json)."""
+  """Marian's pad, eos, decoder start and unk ids (config.json, or MarianConfig's defaults, and vocab.json): four
+  distinct ids, or the pad token as the decoder start (`model.pad_is_bos`)."""
   config, vocab = source.config, source.vocab
-  ids = {'pad': config.get('pad_token_id'), 'eos': config.get('eos_token_id'),
-         'start': config.get('decoder_start_token_id', config.get('pad_token_id')), 'unk': vocab.get('<unk>')}
+  ids = {'pad': marian.setting(config, 'pad_token_id'), 'eos': marian.setting(config, 'eos_token_id'),
+         'start': marian.setting(config, 'decoder_start_token_id'), 'unk': vocab.get('<unk>')}
   missing = [name for name, value in ids.items() if not isinstance(value, int)]
   if missing:
     raise ValueError(f'{source.directory}: no single {"/".join(missing)} token id in config.json (or <unk> in '
                      'vocab.json): pass a MarianMT checkpoint that sets them.')
+  if config.get('unk_token_id', ids['unk']) != ids['unk']:
+    raise ValueError(f'{source.directory}: config.json\'s unk_token_id={config["unk_token_id"]} is not vocab.json\'s '
+                     f'<unk> ({ids["unk"]}): pass a config.json and vocab.json of one checkpoint.')
+  others = {name: value for name, value in ids.items() if name != 'pad'}
+  if len(set(others.values())) < 3 or ids['pad'] in (ids['eos'], ids['unk']):
+    raise ValueError(f'{source.directory}: the special tokens {ids} share ids (only the pad token may be the decoder '
+                     'start), which our reserved ids cannot hold: convert a checkpoint with distinct ones.')
   return ids
 
 
 def vocabulary(source: hf.Checkpoint, order: list[int]) -> list[str]:
   """Our pieces in id order: Marian's pieces in `order`, our BOS row named '<s>' (Marian starts with its pad)."""
   by_id = {i: piece for piece, i in source.vocab.items()}
-  size = source.config.get('vocab_size', len(source.vocab))
+  size = marian.setting(source.config, 'vocab_size')
   if sorted(by_id) != list(range(size)) or len(by_id) != len(source.vocab):
     raise ValueError(f'{os.path.join(source.directory, hf.VOCAB)} does not give each of the model\'s {size} ids '
                      'one piece: pass the vocab.json of this checkpoint.')
@@ -62,17 +70,18 @@ def import_checkpoint(directory: str, workdir: str) -> ModelConfig:
     raise ValueError(f'{run.path} exists and is not empty: pass a new --workdir.')
   source = hf.read(directory)
   ids = special_ids(source)
-  size = source.config.get('vocab_size', len(source.vocab))
+  size = marian.setting(source.config, 'vocab_size')
   order = marian.import_order(ids['pad'], ids['eos'], ids['start'], ids['unk'], size)
   pieces = vocabulary(source, order)
   section = marian.model_config(source.config, os.path.join(directory, hf.CONFIG),
                                 attention_bias=marian.has_attention_bias(source.tensors),
-                                logits_bias=marian.has_logits_bias(source.tensors), vocab_size=len(order))
+                                logits_bias=marian.has_logits_bias(source.tensors), vocab_size=len(order),
+                                pad_is_bos=ids['pad'] == ids['start'])
   config = config_lib.base_config()
   _evaluate_as_exported(config, card.training_config(directory))
   section['max_len'] = min(config.model.max_len, section['max_positions'])  # also pipeline.max_length
   cfg = ModelConfig(**section)
-  params = marian.from_state_dict(cfg, source.tensors, order, directory)
+  params = marian.from_state_dict(cfg, source.tensors, order, source.tensors_file)
   _check_shapes(cfg, params, directory)
 
   run.ensure_writable()

@@ -4,8 +4,10 @@ One process: Python signal handlers set a flag that the loop reads after every s
 so a signal during start-up, during the save that a stop triggers, or a second signal, never kills the run
 mid-write. train.py installs them before its heavy imports and keeps them until the process exits
 (`for_this_process`): a scheduler reads the exit status, and a signal while Python imports JAX or after the last
-save must not turn a clean stop into death by signal. During the final report (training is saved by then) a
-signal stops the report at once (`StopRequested`).
+save must not turn a clean stop into death by signal. The interpreter's finalization runs no Python handler and
+gives each signal that has one back its default action (death) before the process is gone; so from the last exit
+hook on, the signals are ignored instead (`_ignore_from_exit`). During the final report (training is saved by
+then) a signal stops the report at its next safe point (`raising`, `StopRequest.check`).
 
 Several processes: JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM, and orbax's
 `reached_preemption` makes every host agree on the same step to stop at, without a collective on every step;
@@ -13,10 +15,16 @@ Python must not take SIGTERM over from it there (SIGINT keeps its default: one h
 without that collective).
 """
 
+import atexit
 import contextlib
 import signal
 
 from absl import logging
+
+from transformer_jax.core import stops
+
+
+_AT_SAFE_POINTS = 'stopping the final evaluation at its next safe point'  # what a signal does in the final report
 
 
 def _die_by(signum, frame):  # pylint: disable=unused-argument
@@ -27,9 +35,9 @@ def _die_by(signum, frame):  # pylint: disable=unused-argument
 
 
 class StopRequested(BaseException):
-  """A signal arrived where no step is running to finish first (the final report): stop now. A BaseException, as
-  KeyboardInterrupt is, so that no `except Exception` it passes through (logging's own, while a line is written)
-  swallows it."""
+  """A signal arrived where no step is running to finish first (the final report): the job stops at its next safe
+  point (`core.stops.here`). A BaseException, as KeyboardInterrupt is, so that no `except Exception` it passes
+  through swallows it."""
 
 
 class StopRequest:
@@ -38,14 +46,25 @@ class StopRequest:
   def __init__(self, multi_process: bool = False):
     self._multi_process = multi_process
     self._signalled = None
-    self._raise = False
+    self._stopping = 'saving and stopping after this step'  # what a first signal does, as the log says
     self._manager = None
     self._previous = {}
 
   @classmethod
   def for_this_process(cls) -> 'StopRequest':
-    """One process's request with its handlers installed now and never removed (see `hand_back`)."""
-    return cls().install()
+    """One process's request with its handlers installed now and never removed (see `hand_back`): from the last
+    exit hook on (this one is registered first, so it runs last), SIGTERM and SIGINT are ignored where they still
+    have ours."""
+    request = cls().install()
+    atexit.register(request._ignore_from_exit)
+    return request
+
+  def _ignore_from_exit(self) -> None:
+    """The run's work is over: a signal has nothing left to stop. Ignored, it cannot kill the process while the
+    interpreter finalizes, which restores the default action of every signal a Python handler held."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      if signal.getsignal(sig) == self._handle:  # not --compile_only's `_die_by`, nor JAX's after `hand_back`
+        signal.signal(sig, signal.SIG_IGN)
 
   def __enter__(self) -> 'StopRequest':
     return self.install()
@@ -81,12 +100,11 @@ class StopRequest:
       _die_by(self._signalled, None)
 
   def _handle(self, signum, frame):
-    if self._raise:
-      self._signalled = signum
-      raise StopRequested(f'signal {signum}')
     if self._signalled is None:
-      logging.warning('received signal %d: saving and stopping after this step', signum)
+      logging.warning('received signal %d: %s', signum, self._stopping)
     self._signalled = signum
+    if self._stopping == _AT_SAFE_POINTS and stops.at_once():  # e.g. blocked reading the test split from a pipe
+      raise StopRequested(f'signal {signum}')
 
   def watch(self, manager) -> None:
     """The checkpoint manager whose `reached_preemption` decides for several processes."""
@@ -97,13 +115,20 @@ class StopRequest:
       return bool(self._manager is not None and self._manager.reached_preemption(step))
     return self._signalled is not None
 
-  @contextlib.contextmanager
-  def raising(self):
-    """Inside, a signal (or one that came before) raises `StopRequested` instead of waiting for a step."""
+  def check(self) -> None:
+    """Raises `StopRequested` if a signal came."""
     if self._signalled is not None:
       raise StopRequested(f'signal {self._signalled}')
-    self._raise = True
-    try:
+
+  @contextlib.contextmanager
+  def at_safe_points(self):
+    """Inside (the final report: training is saved), a signal, or one that came before, stops the job with
+    `StopRequested` at its next safe point (`core.stops.here`: between batches, before files are written) rather
+    than after a step, or at once where the job is `stops.interruptible` (blocked reading a file). Elsewhere the
+    handler never raises: an exception thrown into whatever the main thread runs (an orbax restore waiting on its
+    threads, a compile, a device computation in flight, a half-written file) would leave their work going as the
+    process exits, or be swallowed by a library's `except BaseException`."""
+    self.check()
+    self._stopping = _AT_SAFE_POINTS
+    with stops.in_force(self.check):
       yield
-    finally:
-      self._raise = False

@@ -3,6 +3,7 @@ perplexity, bits per byte, the unigram baseline and sampled continuations) by on
 test against a baseline, results files and the printed report. Used by training (in-run validation, the final
 report) and by `eval.py`."""
 
+import hashlib
 import json
 import os
 
@@ -10,7 +11,9 @@ import jax
 import numpy as np
 from absl import logging
 
+from transformer_jax import config as config_lib
 from transformer_jax.core import files
+from transformer_jax.core import stops
 from transformer_jax.core.tokens import EOS_ID
 from transformer_jax.core.workdir import Workdir, params_tag
 from transformer_jax.data import pipeline
@@ -42,6 +45,7 @@ def teacher_forced(members, eval_fn, pairs, tok, mesh, batch_size: int, max_batc
     for i, batch in enumerate(batches):
       if max_batches is not None and i >= max_batches:
         break
+      stops.here()
       batch = sharding.place_batch({k: v for k, v in batch.items() if k in pipeline.BATCH_KEYS}, mesh)
       sums = jax.device_get(eval_fn(members, batch))
       totals = {k: totals[k] + float(sums[k]) for k in totals}
@@ -83,16 +87,18 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
   restored model or ensemble, and with `compare_to` a paired test against a baseline ('comparison'); a language
   model's numbers instead (`evaluate_documents`).
 
-  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, an ensemble's
-  under names tagged 'ensemble' with its members (workdir and steps of each) in the results. Given the steps of
-  the run's final model (`restoring.final_model_steps`), params of other steps are written under names tagged with
-  their steps (`results_tag`), so that evaluating another checkpoint never replaces the final evaluation.
+  Writes the translations and references and the numbers (`Workdir.results_file`) into the workdir, with what they
+  scored: the split, the params (steps, or an ensemble's members) and the settings (`scored_settings`). Only the
+  run's own final evaluation is results.json; any other is named for what differs (`results_tag`), so that an
+  evaluation of other params, data or settings never replaces it. `final_steps`: the steps of the run's final model
+  (`restoring.final_model_steps`); None: the restored params are the final model's.
   """
-  tag = results_tag(restored, final_steps)
+  own = config_lib.of_run(workdir)
+  tag = results_tag(restored, own, final_steps)
   if restored.members[0].model.config.decoder_only:
     if compare_to:
       raise ValueError('--compare_to compares translations; a language model\'s evaluation has none: drop it.')
-    return evaluate_documents(restored, workdir, split, tag)
+    return evaluate_documents(restored, workdir, split, own.eval.test_split, tag)
   config, run_dir = restored.config, Workdir(workdir)
   for key in ('eval.batch_size', 'decode.batch_size'):
     section, name = key.split('.')
@@ -113,21 +119,52 @@ def evaluate_split(restored: restoring.Restored, workdir: str, split: str,
   tokenized = scores.tokenized_bleu(hypotheses, references, lang=lang, split_compounds=lang == 'de')
   results = {**_provenance(restored), 'split': split, **scores.corpus_scores(hypotheses, references),
              'tokenized_bleu': tokenized, 'num_sentences': len(pairs), 'params': _count_params(restored.members),
-             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses}
+             'beam_size': config.decode.beam_size, 'alpha': config.decode.alpha, 'cut_sentences': cut, **losses,
+             'settings': scored_settings(config)}
   if compare_to:
     results['comparison'] = compare_to.run(hypotheses, references)
+  stops.here()  # the last safe point: the files are written whole
   if jax.process_index() == 0:
     results['translations'] = write_translations(
         run_dir, split, {'src': sources_text, 'hyp': hypotheses, 'ref': references}, tag)
-    results['results_file'] = _write_results(run_dir, split, config, results, tag)
+    results['results_file'] = _write_results(run_dir.results_file(split, own.eval.test_split, tag), results)
   results['samples'] = list(zip(sources_text, hypotheses, references))
   return results
 
 
-def results_tag(restored: restoring.Restored, final_steps: list[int] | None = None) -> str | None:
-  """How an evaluation's files are named (`Workdir.results_file`): 'ensemble' for an ensemble; for one model,
-  `workdir.params_tag` of its steps (None, results.json, for the final model or when `final_steps` is None)."""
-  return 'ensemble' if restored.is_ensemble else params_tag(restored.steps, final_steps)
+# The config sections an evaluation's numbers depend on, besides the params and the split, less their keys that do
+# not change them.
+_SCORED_SECTIONS = {'data': (), 'decode': ('batch_size',), 'model': ()}
+
+
+def scored_settings(config) -> dict:
+  """What an evaluation scored with (`_SCORED_SECTIONS`), as JSON values: recorded in its results, compared with
+  the run's own to name them."""
+  sections = {}
+  for name, ignored in _SCORED_SECTIONS.items():
+    values = json.loads(config[name].to_json_best_effort())
+    sections[name] = {key: value for key, value in values.items() if key not in ignored}
+  return sections
+
+
+def _digest(value) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def results_tag(restored: restoring.Restored, own, final_steps: list[int] | None = None) -> str | None:
+  """How an evaluation's files are named (`Workdir.results_file`, `Workdir.translation_file`): None (results.json)
+  only for the run's own final evaluation, the final model's params (`final_steps`; None: they are) with the run's
+  own settings (`scored_settings` of its config, `own`); otherwise what differs, joined by '_': the params
+  (`workdir.params_tag`: step<N>, average<K>_step<N>; an ensemble: ensemble-<digest of its members>) and each
+  section of the settings that differs from the run's (data-<digest>, decode-<digest>, model-<digest>), so that
+  other evaluations keep files of their own."""
+  if restored.is_ensemble:
+    parts = [f'ensemble-{_digest([[os.path.abspath(o["workdir"]), o["steps"]] for o in restored.origins])}']
+  else:
+    parts = [tag for tag in [params_tag(restored.steps, final_steps)] if tag]
+  run, scored = scored_settings(own), scored_settings(restored.config)
+  parts += [f'{name}-{_digest(values)}' for name, values in scored.items() if values != run[name]]
+  return '_'.join(parts) or None
 
 
 def _provenance(restored: restoring.Restored) -> dict:
@@ -137,13 +174,13 @@ def _provenance(restored: restoring.Restored) -> dict:
   return {'step': restored.steps[-1], 'averaged_steps': restored.steps}
 
 
-def _write_results(run_dir: Workdir, split: str, config, results: dict, tag: str | None) -> str:
-  path = run_dir.results_file(split, config.eval.test_split, tag)
+def _write_results(path: str, results: dict) -> str:
   files.write_atomically(path, json.dumps(results, indent=2))
   return path
 
 
-def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, tag: str | None = None) -> dict:
+def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, test_split: str,
+                       tag: str | None = None) -> dict:
   """A language model on a split of documents: teacher-forced loss, perplexity and accuracy per token, bits per
   byte, the unigram baseline's perplexity, and sampled continuations of the first documents' first halves (of
   those whose half leaves the model room to continue).
@@ -167,9 +204,11 @@ def evaluate_documents(restored: restoring.Restored, workdir: str, split: str, t
              'bits_per_byte': metrics_lib.bits_per_byte(losses['nll'] * losses['tokens'], num_bytes),
              'unigram_perplexity': unigram_baseline(restored.tokenizer, config.data, documents),
              'num_documents': len(documents), 'num_tokens': losses['tokens'], 'num_bytes': num_bytes,
-             'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()}}
+             'params': _count_params(restored.members), **{f'{split}_{k}': v for k, v in losses.items()},
+             'settings': scored_settings(config)}
+  stops.here()  # the last safe point: the file is written whole
   if jax.process_index() == 0:
-    results['results_file'] = _write_results(Workdir(workdir), split, config, results, tag)
+    results['results_file'] = _write_results(Workdir(workdir).results_file(split, test_split, tag), results)
   results['samples'] = [(prompt, texts[0], document) for prompt, texts, document in zip(prompts, samples, examples)]
   return results
 
@@ -179,7 +218,12 @@ def unigram_baseline(tokenizer, data_config, documents) -> float:
   model of the training split's tokens (a seeded sample of at most UNIGRAM_DOCUMENTS documents)."""
   train = sources.load_documents(data_config, 'train')
   chosen = np.random.default_rng(0).choice(len(train), min(len(train), UNIGRAM_DOCUMENTS), replace=False)
-  ids = lambda texts: (tokenizer.encode(text) + [EOS_ID] for text in texts)
+
+  def ids(texts):
+    for text in texts:
+      stops.here()
+      yield tokenizer.encode(text) + [EOS_ID]
+
   return metrics_lib.unigram_perplexity(ids(train[int(i)] for i in chosen), ids(documents), tokenizer.vocab_size)
 
 

@@ -79,10 +79,16 @@ def _per_token(logits, targets, smoothing: float, bias=None, logit_sum=None, gol
   return (gold * nll - other * (sum_log_probs + nll) - entropy, nll, correct), lse
 
 
-def cross_entropy(logits, targets, smoothing: float):
+def _labels(targets, first_id: int):
+  """Each target's column among the ids from `first_id` on (padding, id 0, reads column 0: masked by the caller)."""
+  return targets if not first_id else jnp.maximum(targets - first_id, 0)
+
+
+def cross_entropy(logits, targets, smoothing: float, first_id: int = 0):
   """Per token: (label-smoothed loss, negative log-likelihood, whether the gold token is the argmax), from logits
-  (or log-probabilities) [..., vocab] of any float dtype."""
-  return _per_token(logits, targets, smoothing)[0]
+  (or log-probabilities) [..., vocab] of any float dtype, over the ids from `first_id` on (the model's
+  `first_output_id`: the columns before it are not the model's)."""
+  return _per_token(logits[..., first_id:], _labels(targets, first_id), smoothing)[0]
 
 
 def _chunks(length: int, chunk_length: int) -> list[tuple[int, int]]:
@@ -96,10 +102,10 @@ def _chunk_logits(hidden, weights, start, size):
   return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab')), chunk
 
 
-def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, with_gradients):
+def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, first_id, with_gradients):
   """(loss, nll, correct) sums over non-pad tokens and, with_gradients, the loss's gradient products:
   G = Σ_t w_t (p_t − q_t) ⊗ h_t [vocab, d], Dy_t = w_t (p_t − q_t) · W [batch, length, d] and, with a bias,
-  Db = Σ_t w_t (p_t − q_t) [vocab], in float32."""
+  Db = Σ_t w_t (p_t − q_t) [vocab], in float32. `weights` and `bias` hold the rows of ids from `first_id` on."""
   vocab = weights.shape[0]
   gold, other = _smoothing_weights(vocab, smoothing)
   sums = [jnp.zeros((), jnp.float32)] * 3
@@ -113,22 +119,23 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, w
     logits, chunk = _chunk_logits(hidden, weights, start, size)
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
     mask = (chunk_targets > 0).astype(jnp.float32)
+    labels = _labels(chunk_targets, first_id)
     logit_sum = jnp.einsum('bcd,d->bc', chunk.astype(jnp.float32), weight_sum) + bias_sum
     gold_logit = None  # gathered from the logits, which the TPU compiler fuses with their maximum
     if gpu:  # from the gold tokens' weights, rounded as the logits are: no gather over the logits on a GPU
       # (bench/RESULTS.md, "The loss")
       gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
-                              weights[chunk_targets].astype(jnp.float32)).astype(logits.dtype)
-    kernel = with_gradients and gpu and loss_kernel.serves(logits, bias)
+                              weights[labels].astype(jnp.float32)).astype(logits.dtype)
+    kernel = with_gradients and gpu and not first_id and loss_kernel.serves(logits, bias)  # it reads ids as columns
     stats = None
     if kernel:  # the maximum, log-sum-exp and gradient from one kernel, the gradient over the logits' buffer
       *stats, grad = loss_kernel.softmax_gradient(logits, chunk_targets, gold, other)
-    per_token, lse = _per_token(logits, chunk_targets, smoothing, bias, logit_sum, gold_logit, one_pass=gpu,
+    per_token, lse = _per_token(logits, labels, smoothing, bias, logit_sum, gold_logit, one_pass=gpu,
                                 top_and_lse=stats)
     sums = [total + jnp.sum(value * mask) for total, value in zip(sums, per_token)]
     if with_gradients:
       if not kernel:
-        is_gold = jnp.arange(vocab) == chunk_targets[..., None]
+        is_gold = jnp.arange(vocab) == labels[..., None]
         shifted = logits.astype(jnp.float32) - lse[..., None]
         probs = jnp.exp(shifted if bias is None else shifted + bias)
         grad = mask[..., None] * (probs - jnp.where(is_gold, gold, other))
@@ -142,19 +149,20 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, w
   return tuple(sums), (g_t.T, jnp.concatenate(dy, axis=1), d_bias)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _sums(hidden, weights, bias, targets, smoothing, chunk_length, kernels):
-  return _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, with_gradients=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _sums(hidden, weights, bias, targets, smoothing, chunk_length, kernels, first_id):
+  return _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, first_id, with_gradients=False)
 
 
-def _sums_fwd(hidden, weights, bias, targets, smoothing, chunk_length, kernels):
+def _sums_fwd(hidden, weights, bias, targets, smoothing, chunk_length, kernels, first_id):
   # symbolic_zeros wraps the primals
   hidden, weights, bias, targets = jax.tree.map(lambda x: x.value, (hidden, weights, bias, targets))
-  sums, products = _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, with_gradients=True)
+  sums, products = _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, first_id,
+                            with_gradients=True)
   return sums, (products, hidden, weights, bias, targets)
 
 
-def _sums_bwd(smoothing, chunk_length, kernels, residuals, cotangents):
+def _sums_bwd(smoothing, chunk_length, kernels, first_id, residuals, cotangents):
   """d loss/d logits = w (p − q); d nll/d logits = w (p − onehot) = w (p − q) + w (ε'·1 − (ε + ε')·onehot),
   whose second term needs only the states and weights of the gold tokens (ε' = ε/(V−1)). A cotangent that is a
   symbolic zero (the NLL when only the loss is differentiated) costs nothing."""
@@ -167,13 +175,13 @@ def _sums_bwd(smoothing, chunk_length, kernels, residuals, cotangents):
   d_bias = None if bias is None else scale * db
   if smoothing and not zero(d_nll):
     gold, other = _smoothing_weights(weights.shape[0], smoothing)
-    mask = (targets > 0).astype(jnp.float32)
+    mask, labels = (targets > 0).astype(jnp.float32), _labels(targets, first_id)
     w32, h32 = weights.astype(jnp.float32), hidden.astype(jnp.float32)
-    d_hidden += d_nll * mask[..., None] * (other * jnp.sum(w32, axis=0) - (1 - gold + other) * w32[targets])
-    gold_states = jnp.zeros_like(w32).at[targets.reshape(-1)].add((mask[..., None] * h32).reshape(-1, h32.shape[-1]))
+    d_hidden += d_nll * mask[..., None] * (other * jnp.sum(w32, axis=0) - (1 - gold + other) * w32[labels])
+    gold_states = jnp.zeros_like(w32).at[labels.reshape(-1)].add((mask[..., None] * h32).reshape(-1, h32.shape[-1]))
     d_weights += d_nll * (other * jnp.einsum('bt,btd->d', mask, h32)[None] - (1 - gold + other) * gold_states)
     if bias is not None:
-      gold_counts = jnp.zeros_like(bias).at[targets.reshape(-1)].add(mask.reshape(-1))
+      gold_counts = jnp.zeros_like(bias).at[labels.reshape(-1)].add(mask.reshape(-1))
       d_bias += d_nll * (other * jnp.sum(mask) - (1 - gold + other) * gold_counts)
   return (d_hidden.astype(hidden.dtype), d_weights.astype(weights.dtype),
           None if bias is None else d_bias.astype(bias.dtype), np.zeros(targets.shape, jax.dtypes.float0))
@@ -182,14 +190,18 @@ def _sums_bwd(smoothing, chunk_length, kernels, residuals, cotangents):
 _sums.defvjp(_sums_fwd, _sums_bwd, symbolic_zeros=True)
 
 
-def token_sums(hidden, weights, bias, targets, smoothing: float, chunk_length: int, kernels: Kernels) -> dict:
+def token_sums(hidden, weights, bias, targets, smoothing: float, chunk_length: int, kernels: Kernels,
+               first_id: int = 0) -> dict:
   """Sums over non-pad target tokens of the loss, NLL and correct predictions, and their count (combine across
   steps and devices, then divide by 'tokens'): `cross_entropy` of the logits hidden · weightsᵀ (+ bias), made
   `chunk_length` positions at a time.
 
   hidden: the decoder's final states [batch, length, d_model]; weights: the pre-softmax layer [vocab, d_model],
   both in the compute dtype; bias: float32 [vocab] or None; targets: [batch, length] token ids, 0 = padding;
-  kernels: the model's (`ModelConfig.kernels`).
+  kernels: the model's (`ModelConfig.kernels`); first_id: the softmax covers the ids from there on (the model's
+  `first_output_id`).
   """
-  loss, nll, correct = _sums(hidden, weights, bias, targets, smoothing, chunk_length, kernels)
+  if first_id:  # the rows before it are not the model's outputs: they get no gradient from the loss
+    weights, bias = weights[first_id:], None if bias is None else bias[first_id:]
+  loss, nll, correct = _sums(hidden, weights, bias, targets, smoothing, chunk_length, kernels, first_id)
   return {'loss': loss, 'nll': nll, 'correct': correct, 'tokens': jnp.sum((targets > 0).astype(jnp.float32))}

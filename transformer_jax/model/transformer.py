@@ -32,6 +32,9 @@ from transformer_jax.kernels import dropout_masks
 from transformer_jax.kernels import ops
 from transformer_jax.model import attention
 
+# A logit whose softmax probability is 0 (finite: no inf - inf = nan), for ids a model never outputs.
+MASKED_LOGIT = -1e9
+
 # --------------------------------------------------------------------------------------- §3.4–3.5 embeddings
 
 
@@ -62,6 +65,8 @@ class Embedder(nn.Module):
   def __call__(self, tokens, positions, *, deterministic):
     cfg = self.config
     x = self.embedding(tokens)
+    if cfg.pad_is_bos:  # BOS reads Marian's pad row, which as an input takes no gradient (torch's padding_idx)
+      x = jnp.where((tokens == BOS_ID)[..., None], jax.lax.stop_gradient(x), x)
     if cfg.scale_embeddings:
       x = x * math.sqrt(cfg.d_model)
     if cfg.positional == 'sinusoidal':
@@ -287,7 +292,8 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   """N layers of masked self-attention, encoder-decoder attention (not in a decoder-only model) and FFN, then the
   pre-softmax layer (or, with return_hidden, the final states, the pre-softmax weights [vocab, d_model] and the
-  logits bias [vocab] or None, for `loss.token_sums`)."""
+  logits bias [vocab] or None, for `loss.token_sums`, which leaves out the ids below `first_output_id` as the
+  logits do)."""
 
   config: ModelConfig
   embedding: nn.Embed
@@ -327,7 +333,10 @@ class Decoder(nn.Module):
     if return_hidden:
       return y, weights, bias
     logits = jnp.dot(y, weights.T).astype(jnp.float32)
-    return _constrain(logits if bias is None else logits + bias, ('batch', 'length', 'vocab'))
+    logits = logits if bias is None else logits + bias
+    if cfg.first_output_id:  # PAD's row copies BOS's (`model.pad_is_bos`): its logit is not the model's
+      logits = jnp.where(jnp.arange(cfg.vocab_size) < cfg.first_output_id, MASKED_LOGIT, logits)
+    return _constrain(logits, ('batch', 'length', 'vocab'))
 
 
 # --------------------------------------------------------------------------------------- the models

@@ -20,11 +20,12 @@ PEAK_BF16_FLOPS = {
 SUM_KEYS = ('loss', 'nll', 'correct', 'tokens')  # what `token_metrics` returns
 
 
-def token_metrics(logits, targets, smoothing: float) -> dict:
+def token_metrics(logits, targets, smoothing: float, first_id: int = 0) -> dict:
   """Sums over non-pad target tokens (combine across steps/devices, then divide by 'tokens') from whole logits or
-  log-probabilities (evaluation, ensembles); training makes them in chunks (`loss.token_sums`)."""
+  log-probabilities (evaluation, ensembles) over the ids from `first_id` on (`loss.cross_entropy`); training makes
+  them in chunks (`loss.token_sums`)."""
   weights = (targets > 0).astype(jnp.float32)
-  loss, nll, correct = loss_lib.cross_entropy(logits, targets, smoothing)
+  loss, nll, correct = loss_lib.cross_entropy(logits, targets, smoothing, first_id)
   return {'loss': jnp.sum(loss * weights), 'nll': jnp.sum(nll * weights), 'correct': jnp.sum(correct * weights),
           'tokens': jnp.sum(weights)}
 

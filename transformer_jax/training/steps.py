@@ -113,7 +113,7 @@ def _loss_sums_and_grads(model, params, batch, rng, smoothing):
                                         rngs={'dropout': rng}, return_hidden=True)
     with jax.named_scope('loss'):  # op names that hlo_costs attributes to the loss
       sums = loss_lib.token_sums(hidden, weights, bias, batch['targets'], smoothing, model.config.loss_chunk_length,
-                                 model.config.kernels)
+                                 model.config.kernels, model.config.first_output_id)
     return sums['loss'], sums
 
   (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -163,7 +163,8 @@ def eval_step(members: tuple[ensemble.Member, ...], batch: dict, *, smoothing: f
   """Teacher-forced token sums (loss, nll, correct, tokens) of a batch, dropout off, for one model (a member) or
   an ensemble (scored by `ensemble.mean_log_softmax`, as ensemble decoding scores tokens)."""
   log_probs = ensemble.teacher_forced_log_probs(members, model_inputs(batch))
-  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing)
+  first_id = max(m.model.config.first_output_id for m in members)
+  return metrics_lib.token_metrics(log_probs, batch['targets'], smoothing, first_id)
 
 
 def training_objects(config, platform: str) -> tuple[nn.Module, optax.GradientTransformation, optax.Schedule]:
