@@ -252,7 +252,7 @@ def test_an_imported_model_gives_every_target_token_the_probability_marian_gives
     np.testing.assert_allclose(log_probs[i, np.arange(len(row)), row], theirs[i], rtol=0, atol=PROBABILITY_TOLERANCE)
   tokens = sum(len(row) for row in theirs)
   their_nll = -sum(row.sum() for row in theirs) / tokens
-  scored = scoring.teacher_forced_metrics(restored, pairs.text)  # eval.py's teacher-forced scoring
+  scored = scoring.teacher_forced_metrics(restored, pairs.text, 'test')  # eval.py's teacher-forced scoring
   assert scored['tokens'] == tokens
   assert abs(scored['nll'] - their_nll) < PROBABILITY_TOLERANCE
   cfg = restored.model.config
