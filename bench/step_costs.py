@@ -32,7 +32,7 @@ from transformer_jax.compile import topologies
 def load_config(path: str, topology: str, mesh: str, overrides: list[str]):
   """The config file with the `--set` overrides, checked as train.py checks its --config.key=value ones."""
   config = config_lib.load(path, dict(_parsed(override) for override in overrides))
-  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_devices)[mesh])
   config.model.dtype = 'bfloat16'
   return config
 
@@ -63,17 +63,17 @@ def measure(config, topology: str, dump_hlo: str | None = None, registers: bool 
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
   parts = step_parts.breakdown(ops)
-  chips, chip = target.num_chips, target.chip
+  devices, chip = target.num_devices, target.chip
   serial = step_parts.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
-  return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
+  return {'what': program.what, 'topology': topology, 'num_devices': devices, 'batch_rows': rows, 'batch_length': length,
           'compile_seconds': seconds,
           # a GPU program compiled without its GPU has no cost analysis of XLA's
           'xla_bytes_accessed': None if cost is None else float(cost['bytes accessed']),
           'xla_flops': None if cost is None else float(cost['flops']),
           'bytes': sum(p.bytes for p in parts), 'hbm_bytes': sum(p.hbm_bytes for p in parts),
           'flops': sum(p.flops for p in parts),
-          'model_flops_per_chip': program.model_flops / chips,
+          'model_flops_per_device': program.model_flops / devices,
           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
           'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
@@ -96,7 +96,7 @@ def table(record: dict) -> str:
     rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
                  f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', '', ''])
   rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '', '',
-               f'{record["model_flops_per_chip"] / 1e9:,.1f}', ms(record['model_flops_per_chip'] / record['peak_flops']),
+               f'{record["model_flops_per_device"] / 1e9:,.1f}', ms(record['model_flops_per_device'] / record['peak_flops']),
                ''])
   return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'of it HBM', 'share',
                                 'GFLOP', 'ms op by op', 'ops'], rows)
@@ -123,7 +123,7 @@ def main(argv=None):
   print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
   print(f'Op by op (`step_parts.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
-        f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
+        f'{record["model_flops_per_device"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
         f'{record["integer_ops"] / 1e9:,.1f} G are element-wise ops on integers (random bits), which a TPU runs on '
         'its vector units, not at the peak counted here')
   print()
