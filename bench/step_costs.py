@@ -120,7 +120,7 @@ def main(argv=None):
   common.emit({k: v for k, v in record.items() if k != 'parts'} | {'mesh': args.mesh, 'config': args.config,
                                                                      'overrides': args.set})
   print()
-  print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per chip; temporaries '
+  print(f'{record["what"]}, {args.topology}, {args.mesh} mesh, per device; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
   print(f'Op by op (`step_parts.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
         f'{record["model_flops_per_device"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
