@@ -40,9 +40,10 @@ def measure(model: str, topology: str, mesh: str) -> dict:
   config = config_for(model, topology, mesh)
   rows, length = next(iter(pipeline.batch_shapes(config.pipeline)[-1].values()))
   analysis = aot.analyze_train_step(config, topology)
-  if None not in (analysis.flops, analysis.model_flops) and analysis.flops * analysis.num_devices < analysis.model_flops:
+  counted = analysis.flops is not None and analysis.model_flops is not None
+  if counted and analysis.flops * analysis.num_devices < analysis.model_flops:
     raise ValueError(f'{model} on {topology}, {mesh}: the compiled step counts {analysis.flops / 1e9:,.0f} GFLOP per '
-                     f'chip, below the model\'s {analysis.model_flops / analysis.num_devices / 1e9:,.0f}: an op or a '
+                     f'device, below the model\'s {analysis.model_flops / analysis.num_devices / 1e9:,.0f}: an op or a '
                      'loop\'s runs that hlo_costs does not count; fix the count before tabulating the row.')
   return dict(analysis.as_dict(), model=model, mesh=mesh, mesh_shape=dict(config.mesh.shape), rows=rows,
               length=length, advice=aot.advice(analysis, config))

@@ -66,7 +66,8 @@ def measure(config, topology: str, dump_hlo: str | None = None, registers: bool 
   devices, chip = target.num_devices, target.chip
   serial = step_parts.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
-  return {'what': program.what, 'topology': topology, 'num_devices': devices, 'batch_rows': rows, 'batch_length': length,
+  return {'what': program.what, 'topology': topology, 'num_devices': devices, 'batch_rows': rows,
+          'batch_length': length,
           'compile_seconds': seconds,
           # a GPU program compiled without its GPU has no cost analysis of XLA's
           'xla_bytes_accessed': None if cost is None else float(cost['bytes accessed']),
@@ -96,8 +97,8 @@ def table(record: dict) -> str:
     rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
                  f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', '', ''])
   rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '', '',
-               f'{record["model_flops_per_device"] / 1e9:,.1f}', ms(record['model_flops_per_device'] / record['peak_flops']),
-               ''])
+               f'{record["model_flops_per_device"] / 1e9:,.1f}',
+               ms(record['model_flops_per_device'] / record['peak_flops']), ''])
   return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'of it HBM', 'share',
                                 'GFLOP', 'ms op by op', 'ops'], rows)
 

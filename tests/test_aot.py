@@ -277,6 +277,18 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   assert (analysis.collectives['all-reduce'].count > 0) == (analysis.num_devices > 1)
 
 
+@pytest.mark.slow
+def test_a_gpu_step_runs_no_pallas_triton_kernel_with_the_maintained_paths_chosen():
+  """jax 0.11 deprecated Pallas's Triton backend (kernels/gpu): with `dot_product` attention (cuDNN's where it
+  serves, else XLA's: training batches carry segment ids), XLA's residual blocks and XLA's passes over the logits,
+  the GPU step has no Pallas kernel left, its products still in cuBLAS."""
+  config = small_config('data', 'h100-1', attention='dot_product', residual_norm_kernel=False, loss_kernel=False)
+  programs = aot.run_programs(config, topologies.topology_devices('h100-1'))
+  text = aot.compile_program([p for p in programs if p.what.startswith('train')][-1]).as_text()
+  assert 'pallas_call' not in text and '__gpu$xla.gpu.triton' not in text
+  assert 'custom_call_target="__cublas$lt$matmul"' in text
+
+
 @pytest.mark.parametrize('plugin, install', [('jax_cuda12_plugin', r'pip install -r requirements-gpu\.txt'),
                                              ('jax_cuda13_plugin', 'pip install nvidia-cudnn-cu13')])
 def test_cudnn_missing_for_cudnns_attention_says_what_to_do(monkeypatch, plugin, install):
@@ -361,7 +373,7 @@ def test_fits_refuses_a_row_whose_compiled_flops_fall_below_the_models(monkeypat
   """A compiled step always does at least the model's FLOPs: fewer means a loop's runs went uncounted."""
   below = dataclasses.replace(_analysis(1, 1, 1), model_flops=8.5)  # 8 chips at 1 FLOP each
   monkeypatch.setattr(aot, 'analyze_train_step', lambda config, topology: below)
-  with pytest.raises(ValueError, match=r'^base on v5e-8, data: the compiled step counts 0 GFLOP per chip, below'):
+  with pytest.raises(ValueError, match=r'^base on v5e-8, data: the compiled step counts 0 GFLOP per device, below'):
     fits.measure('base', 'v5e-8', 'data')
   monkeypatch.setattr(aot, 'analyze_train_step', lambda config, topology: dataclasses.replace(below, model_flops=8.0))
   assert fits.measure('base', 'v5e-8', 'data')['flops'] == 1.0
