@@ -101,6 +101,10 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       + ', '.join(sorted({f'{r["rows"]} rows × {r["length"]} tokens' for r in records}))
       + ' per side, the bucket with the most attention memory.',
       '',
+      'TPU7x (Ironwood) is the newest generation the libtpu of either requirements line describes (libtpu 0.0.42.1 '
+      'with jax 0.10.2, 0.0.50.1 with jax 0.12.0.1), and the train step compiles for it on both '
+      '(tests/test_aot.py): no row here needs the newer line.',
+      '',
       'GiB per device: a chip, or one of a TPU7x chip\'s two TensorCores, each with half its HBM (tpu7x-8: 4 chips, '
       '8 devices). *params + Adam*: the parameters and both Adam moments as sharded; *temporaries*: XLA\'s '
       'temporary buffers (activations kept for the backward pass, gradients, workspace); *total*: arguments + '
