@@ -24,14 +24,14 @@ from transformer_jax.compile import topologies
 from transformer_jax.data import pipeline
 
 MODELS = {'base': 'configs/wmt14_ende_base.py', 'big': 'configs/wmt14_ende_big.py'}
-TOPOLOGIES = ('v4-8', 'v5e-8', 'v5p-8', 'v6e-8', 'v4-32', 'h100-8')
+TOPOLOGIES = ('v4-8', 'v5e-8', 'v5p-8', 'v6e-8', 'tpu7x-8', 'v4-32', 'h100-8')
 MESHES = ('data', 'fsdp', 'fsdp_tensor')
 DTYPE = 'bfloat16'
 
 
 def config_for(model: str, topology: str, mesh: str):
   config = config_lib.load(MODELS[model])
-  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_devices)[mesh])
   config.model.dtype = DTYPE
   return config
 
@@ -40,9 +40,10 @@ def measure(model: str, topology: str, mesh: str) -> dict:
   config = config_for(model, topology, mesh)
   rows, length = next(iter(pipeline.batch_shapes(config.pipeline)[-1].values()))
   analysis = aot.analyze_train_step(config, topology)
-  if None not in (analysis.flops, analysis.model_flops) and analysis.flops * analysis.num_chips < analysis.model_flops:
+  counted = analysis.flops is not None and analysis.model_flops is not None
+  if counted and analysis.flops * analysis.num_devices < analysis.model_flops:
     raise ValueError(f'{model} on {topology}, {mesh}: the compiled step counts {analysis.flops / 1e9:,.0f} GFLOP per '
-                     f'chip, below the model\'s {analysis.model_flops / analysis.num_chips / 1e9:,.0f}: an op or a '
+                     f'device, below the model\'s {analysis.model_flops / analysis.num_devices / 1e9:,.0f}: an op or a '
                      'loop\'s runs that hlo_costs does not count; fix the count before tabulating the row.')
   return dict(analysis.as_dict(), model=model, mesh=mesh, mesh_shape=dict(config.mesh.shape), rows=rows,
               length=length, advice=aot.advice(analysis, config))
@@ -100,23 +101,28 @@ def report(records: list[dict], missing: list[tuple] = ()) -> str:
       + ', '.join(sorted({f'{r["rows"]} rows × {r["length"]} tokens' for r in records}))
       + ' per side, the bucket with the most attention memory.',
       '',
-      'GiB per chip. *params + Adam*: the parameters and both Adam moments as sharded; *temporaries*: XLA\'s '
+      'TPU7x (Ironwood) is the newest generation the libtpu of either requirements line describes (libtpu 0.0.42.1 '
+      'with jax 0.10.2, 0.0.50.1 with jax 0.12.0.1), and the train step compiles for it on both '
+      '(tests/test_aot.py): no row here needs the newer line.',
+      '',
+      'GiB per device: a chip, or one of a TPU7x chip\'s two TensorCores, each with half its HBM (tpu7x-8: 4 chips, '
+      '8 devices). *params + Adam*: the parameters and both Adam moments as sharded; *temporaries*: XLA\'s '
       'temporary buffers (activations kept for the backward pass, gradients, workspace); *total*: arguments + '
-      'outputs not aliased to the donated state + temporaries + generated code, against the chip\'s HBM. '
+      'outputs not aliased to the donated state + temporaries + generated code, against the device\'s HBM. '
       '*Collectives*: those XLA inserted in the compiled program, each kind\'s count and summed result bytes per '
-      'chip (AG all-gather, RS reduce-scatter, AR all-reduce). *Roofline step*: max(compiled FLOPs / peak bf16 '
-      'FLOP/s, bytes accessed / HBM bandwidth) per chip from XLA\'s cost analysis (a GPU program compiled without '
+      'device (AG all-gather, RS reduce-scatter, AR all-reduce). *Roofline step*: max(compiled FLOPs / peak bf16 '
+      'FLOP/s, bytes accessed / HBM bandwidth) per device from XLA\'s cost analysis (a GPU program compiled without '
       'its GPU has none: `hlo_costs`\' count of its ops; bytes accessed: what each '
       'fused kernel reads and writes; XLA counts a loop\'s body once, so the further runs of the windowed matmuls '
       'XLA builds for FSDP on 8 and 16 chips are added as `hlo_costs` costs them) — an estimate that ignores '
       'communication time and assumes perfect overlap; '
       '*MFU ≤* the model FLOPs utilisation that step time would '
       'give (analytic model FLOPs as in training logs, `metrics.train_flops`). *GB accessed*: XLA\'s bytes per '
-      'chip per step, wherever each buffer lives; *of it HBM*: those of arrays the compiled program lays out in '
+      'device per step, wherever each buffer lives; *of it HBM*: those of arrays the compiled program lays out in '
       'HBM (`transformer_jax.compile.hlo_costs`; on a GPU all of them): the TPU compiler keeps the rest in on-chip memory '
       '(CMEM on v4, VMEM), '
       'whose bandwidth the roofline does not model; *MFU ≤ by HBM traffic* is the bound from those bytes alone, '
-      'a looser one. Per chip (`topologies.CHIPS`): '
+      'a looser one. Per device (`topologies.CHIPS`): '
       + '; '.join(f'{name} {chip.hbm_bytes / aot.GiB:.0f} GiB HBM at {chip.hbm_bandwidth / 1e12:.2f} TB/s, '
                   f'{chip.peak_flops / 1e12:.0f} TFLOP/s' for name, chip in topologies.CHIPS.items()) + '.',
       '',

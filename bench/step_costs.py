@@ -40,7 +40,7 @@ MESHES = ('data', 'fsdp', 'fsdp_tensor')
 def for_topology(config, topology: str, mesh: str):
   """`config` (loaded as train.py loads it: `config.load`, or its --config flag) on the `mesh` preset of
   `topology`'s chips, in bfloat16."""
-  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_devices)[mesh])
   config.model.dtype = 'bfloat16'
   return config
 
@@ -63,17 +63,18 @@ def measure(config, topology: str, dump_hlo: str | None = None, registers: bool 
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   ops = hlo_costs.op_costs(compiled.as_text())
   parts = step_parts.breakdown(ops)
-  chips, chip = target.num_chips, target.chip
+  devices, chip = target.num_devices, target.chip
   serial = step_parts.serial_seconds_by_part(ops, chip.peak_flops, chip.hbm_bandwidth)
   rows, length = next(iter(program.args[1].values())).shape
-  return {'what': program.what, 'topology': topology, 'num_chips': chips, 'batch_rows': rows, 'batch_length': length,
+  return {'what': program.what, 'topology': topology, 'num_devices': devices, 'batch_rows': rows,
+          'batch_length': length,
           'compile_seconds': seconds,
           # a GPU program compiled without its GPU has no cost analysis of XLA's
           'xla_bytes_accessed': None if cost is None else float(cost['bytes accessed']),
           'xla_flops': None if cost is None else float(cost['flops']),
           'bytes': sum(p.bytes for p in parts), 'hbm_bytes': sum(p.hbm_bytes for p in parts),
           'flops': sum(p.flops for p in parts),
-          'model_flops_per_chip': program.model_flops / chips,
+          'model_flops_per_device': program.model_flops / devices,
           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
           'custom_calls_without_estimate': sum(1 for op in ops if not op.estimated),
           'kernel_flops': sum(op.total_flops for op in ops if not op.estimated),
@@ -96,8 +97,8 @@ def table(record: dict) -> str:
     rows.append(['XLA + attention kernels without a cost estimate (their FLOPs from shapes)', '', '', '', '', '',
                  f'{(record["xla_flops"] + record["kernel_flops"]) / 1e9:,.1f}', '', ''])
   rows.append(['analytic model FLOPs (metrics.train_flops)', '', '', '', '', '',
-               f'{record["model_flops_per_chip"] / 1e9:,.1f}', ms(record['model_flops_per_chip'] / record['peak_flops']),
-               ''])
+               f'{record["model_flops_per_device"] / 1e9:,.1f}',
+               ms(record['model_flops_per_device'] / record['peak_flops']), ''])
   return common.markdown_table(['part', 'GB accessed', 'of it backward', 'of it memory moves', 'of it HBM', 'share',
                                 'GFLOP', 'ms op by op', 'ops'], rows)
 
@@ -131,10 +132,10 @@ def report(record: dict, settings: dict) -> None:
     common.emit(dict(part, **settings))
   common.emit({k: v for k, v in record.items() if k != 'parts'} | settings)
   print()
-  print(f'{record["what"]}, {settings["topology"]}, {settings["mesh"]} mesh, per chip; temporaries '
+  print(f'{record["what"]}, {settings["topology"]}, {settings["mesh"]} mesh, per device; temporaries '
         f'{record["temp_bytes"] / 2**30:.2f} GiB; compiled in {record["compile_seconds"]:.0f} s')
   print(f'Op by op (`step_parts.serial_seconds`): {1e3 * record["serial_seconds"]:.2f} ms, MFU at most '
-        f'{record["model_flops_per_chip"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
+        f'{record["model_flops_per_device"] / (record["peak_flops"] * record["serial_seconds"]):.0%}; of the FLOPs, '
         f'{record["integer_ops"] / 1e9:,.1f} G are element-wise ops on integers (random bits), which a TPU runs on '
         'its vector units, not at the peak counted here')
   print()

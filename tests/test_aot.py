@@ -35,7 +35,7 @@ TOPOLOGY = 'v4-8'  # 4 chips
 def small_config(mesh: str, topology: str = TOPOLOGY, **model):
   config = config_lib.load('configs/wmt14_ende_base.py:runlocal')
   config.model.update({'num_encoder_layers': 1, 'num_decoder_layers': 1, 'dtype': 'bfloat16', **model})
-  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_chips)[mesh])
+  aot.set_mesh_shape(config, aot.mesh_presets(topologies.get_topology(topology).num_devices)[mesh])
   return config
 
 
@@ -75,8 +75,8 @@ def _param_bytes(program: aot.Program) -> int:
 @pytest.mark.parametrize('mesh', ['data', 'fsdp', 'fsdp_tensor'])
 def test_train_step_compiles_for_v4_8(programs, analyses, mesh):
   analysis = analyses(mesh)
-  assert analysis.num_chips == 4 and analysis.fits
-  assert analysis.flops * analysis.num_chips >= analysis.model_flops  # the analytic count is matmuls only
+  assert analysis.num_devices == 4 and analysis.fits
+  assert analysis.flops * analysis.num_devices >= analysis.model_flops  # the analytic count is matmuls only
   assert 0 < analysis.step_seconds and 0 < analysis.mfu_bound < 1
   # The TPU compiler keeps part of the traffic in on-chip memory: HBM's share is a looser bound.
   assert 0 < analysis.hbm_bytes < analysis.bytes_accessed and analysis.mfu_bound < analysis.hbm_mfu_bound
@@ -86,6 +86,16 @@ def test_train_step_compiles_for_v4_8(programs, analyses, mesh):
     assert collectives['all-gather'].bytes >= 0.9 * _param_bytes(programs(mesh))
   else:
     assert collectives['all-gather'].count > 0 and collectives['all-gather'].bytes > 0  # sharded parameters
+
+
+@pytest.mark.slow
+def test_train_step_compiles_for_the_newest_tpu():
+  """TPU7x, the newest generation libtpu describes: 4 chips of two devices (TensorCores) each, a mesh over the
+  8, each device with half its chip's HBM and bf16 peak."""
+  analysis = aot.analyze_train_step(small_config('fsdp', 'tpu7x-8'), 'tpu7x-8')
+  assert analysis.num_devices == 8 and analysis.hbm_capacity == 96 * aot.GiB and analysis.peak_flops == 2307e12 / 2
+  assert analysis.fits and analysis.flops * analysis.num_devices >= analysis.model_flops
+  assert analysis.collectives['all-gather'].count > 0  # FSDP's parameters, over all 8 devices
 
 
 def _lowered_train_step(cpu_kernels: str) -> str:
@@ -155,7 +165,7 @@ def test_a_scanned_stack_counts_every_layer():
   analyses = {scan: aot.analyze_train_step(small_config('data', num_encoder_layers=2, num_decoder_layers=2,
                                                         scan_layers=scan), TOPOLOGY) for scan in (False, True)}
   scanned, unrolled = analyses[True], analyses[False]
-  assert scanned.flops * scanned.num_chips >= scanned.model_flops
+  assert scanned.flops * scanned.num_devices >= scanned.model_flops
   assert scanned.flops == pytest.approx(unrolled.flops, rel=0.05)  # without the second layer's run: 55%
   assert scanned.bytes_accessed >= 0.8 * unrolled.bytes_accessed
 
@@ -174,7 +184,7 @@ def test_oversized_config_does_not_fit_and_says_what_to_change():
 def _analysis(params, optimizer, temps, capacity=16 * aot.GiB):
   """A synthetic analysis: the advice depends only on these figures and the config."""
   return aot.Analysis(
-      topology='v5e-8', num_chips=8, hbm_capacity=capacity, peak_flops=1e12, hbm_bandwidth=1e12,
+      topology='v5e-8', num_devices=8, hbm_capacity=capacity, peak_flops=1e12, hbm_bandwidth=1e12,
       arguments={'params': params, 'optimizer': optimizer, 'other': 0}, argument_bytes=params + optimizer,
       output_bytes=0, temp_bytes=temps, code_bytes=0, flops=1.0, bytes_accessed=1.0, hbm_bytes=1.0, collectives={},
       model_flops=None, compile_seconds=0.0)
@@ -263,9 +273,21 @@ def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   assert re.search(r'output_to_operand_aliasing=\{\{2\}: \(1, \{\}\)\}.*/loss_softmax_gradient/pallas_call', text)
   analysis = aot.analyze_program(program, topology)
   assert analysis.fits and analysis.hbm_capacity > 79 * aot.GiB
-  assert analysis.flops * analysis.num_chips >= analysis.model_flops > 0
+  assert analysis.flops * analysis.num_devices >= analysis.model_flops > 0
   assert analysis.hbm_bytes == analysis.bytes_accessed > 0  # no on-chip memory spaces on a GPU
-  assert (analysis.collectives['all-reduce'].count > 0) == (analysis.num_chips > 1)
+  assert (analysis.collectives['all-reduce'].count > 0) == (analysis.num_devices > 1)
+
+
+@pytest.mark.slow
+def test_a_gpu_step_runs_no_pallas_triton_kernel_with_the_maintained_paths_chosen():
+  """jax 0.11 deprecated Pallas's Triton backend (kernels/gpu): with `dot_product` attention (cuDNN's where it
+  serves, else XLA's: training batches carry segment ids), XLA's residual blocks and XLA's passes over the logits,
+  the GPU step has no Pallas kernel left, its products still in cuBLAS."""
+  config = small_config('data', 'h100-1', attention='dot_product', residual_norm_kernel=False, loss_kernel=False)
+  programs = aot.run_programs(config, topologies.topology_devices('h100-1'))
+  text = aot.compile_program([p for p in programs if p.what.startswith('train')][-1]).as_text()
+  assert 'pallas_call' not in text and '__gpu$xla.gpu.triton' not in text
+  assert 'custom_call_target="__cublas$lt$matmul"' in text
 
 
 @pytest.mark.parametrize('plugin, install', [('jax_cuda12_plugin', r'pip install -r requirements-gpu\.txt'),
@@ -362,7 +384,7 @@ def test_fits_refuses_a_row_whose_compiled_flops_fall_below_the_models(monkeypat
   """A compiled step always does at least the model's FLOPs: fewer means a loop's runs went uncounted."""
   below = dataclasses.replace(_analysis(1, 1, 1), model_flops=8.5)  # 8 chips at 1 FLOP each
   monkeypatch.setattr(aot, 'analyze_train_step', lambda config, topology: below)
-  with pytest.raises(ValueError, match=r'^base on v5e-8, data: the compiled step counts 0 GFLOP per chip, below'):
+  with pytest.raises(ValueError, match=r'^base on v5e-8, data: the compiled step counts 0 GFLOP per device, below'):
     fits.measure('base', 'v5e-8', 'data')
   monkeypatch.setattr(aot, 'analyze_train_step', lambda config, topology: dataclasses.replace(below, model_flops=8.0))
   assert fits.measure('base', 'v5e-8', 'data')['flops'] == 1.0

@@ -53,9 +53,10 @@ def _inputs(seed=0, batch=3, length=11, d=8, vocab=29):
 @pytest.mark.parametrize('smoothing', [0.1, 0.0])
 @pytest.mark.parametrize('chunk_length', [4, 11, 64])  # uneven chunks, one exact chunk, one chunk past the length
 @pytest.mark.parametrize('with_bias', [False, True])  # a logits bias (imported MarianMT models)
-@pytest.mark.parametrize('platform', ['cpu', 'gpu'])  # a GPU's gold logits come from the gold tokens' weights
-def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias, platform):
-  kernels = helpers.kernels(platform=platform)  # a GPU's computation runs on this CPU
+# a GPU's gold logits come from the gold tokens' weights; its gradient pass from the loss kernel, or XLA's without it
+@pytest.mark.parametrize('platform, loss_kernel', [('cpu', True), ('gpu', True), ('gpu', False)])
+def test_sums_and_gradients_equal_the_whole_logits_formula(smoothing, chunk_length, with_bias, platform, loss_kernel):
+  kernels = helpers.kernels(platform=platform, loss_kernel=loss_kernel)  # a GPU's computation runs on this CPU
   hidden, weights, targets = _inputs()
   bias = jnp.asarray(np.random.default_rng(5).normal(size=weights.shape[0]), jnp.float32)
 
@@ -99,21 +100,23 @@ def test_on_a_gpu_the_forward_pass_reads_the_logits_in_one_reduction_alone(with_
   assert not [eqn for eqn in eqns if eqn.primitive.name == 'gather' and over_logits(eqn)]
 
 
-@pytest.mark.parametrize('with_bias', [False, True])
-def test_on_a_gpu_the_gradient_pass_reads_the_logits_in_one_kernel_alone(with_bias):
+@pytest.mark.parametrize('with_bias, loss_kernel', [(False, True), (True, True), (False, False)])
+def test_on_a_gpu_the_gradient_pass_reads_the_logits_in_one_kernel_alone(with_bias, loss_kernel):
   # Differentiated, the maximum, log-sum-exp and gradient come from `loss_kernel`, which overwrites the logits with
-  # the gradient: no reduction of XLA's reads them. With a logits bias, XLA's reduction and gradient pass instead.
+  # the gradient: no reduction of XLA's reads them. With a logits bias, or `model.loss_kernel` off, XLA's reduction
+  # and gradient pass instead.
   hidden, weights, targets = _inputs()
   bias = jnp.zeros((weights.shape[0],), jnp.float32) if with_bias else None
-  train = jax.grad(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64, GPU)['loss'], argnums=(0, 1))
+  kernels = helpers.kernels(platform='gpu', loss_kernel=loss_kernel)
+  train = jax.grad(lambda h, w: loss.token_sums(h, w, bias, targets, 0.1, 64, kernels)['loss'], argnums=(0, 1))
   with jax.set_mesh(helpers.data_mesh(topologies.topology_devices('h100-1'))):
     jaxpr = jax.jit(train).trace(hidden, weights).jaxpr
   vocab = weights.shape[0]
   over_logits = lambda eqn: len(eqn.invars[0].aval.shape) > 2 and eqn.invars[0].aval.shape[-1] == vocab
   eqns = list(helpers.equations(jaxpr.jaxpr))
-  kernels = [eqn for eqn in eqns if eqn.primitive.name == 'pallas_call']
+  calls = [eqn for eqn in eqns if eqn.primitive.name == 'pallas_call']
   reductions = [eqn for eqn in eqns if eqn.primitive.name.startswith('reduce') and over_logits(eqn)]
-  assert (len(kernels), len(reductions) > 0) == ((0, True) if with_bias else (1, False))
+  assert (len(calls), len(reductions) > 0) == ((1, False) if loss_kernel and not with_bias else (0, True))
 
 
 def test_the_one_pass_log_sum_exp_is_the_two_pass_one():

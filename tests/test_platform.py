@@ -59,6 +59,8 @@ def test_the_kernels_follow_the_platform_and_the_model_settings():
   assert [k.float32_products for k in (cpu, gpu, tpu)] == [True, False, False]
   assert gpu.cudnn_attention and not ModelConfig(platform='gpu', attention='flash_gpu').kernels.cudnn_attention
   assert not ModelConfig(platform='gpu', residual_norm_kernel=False).kernels.residual_norm_kernel
+  without = ModelConfig(platform='gpu', loss_kernel=False).kernels  # XLA's passes over the logits, the GPU's loss
+  assert (without.gpu_loss, without.loss_kernel, gpu.loss_kernel, cpu.loss_kernel) == (True, False, True, False)
   assert ModelConfig(platform='tpu', cpu_kernels='on').kernels.dropout_masks == 'sixteen_bit'
   # The settings the config holds are unchanged by the platform: it is not a config key.
   assert 'platform' not in ModelConfig(platform='gpu').section()
@@ -66,7 +68,8 @@ def test_the_kernels_follow_the_platform_and_the_model_settings():
     ModelConfig.from_dict({'platform': 'gpu'})
   with pytest.raises(ValueError, match=r"model.platform='ipu' is not one of \('cpu', 'gpu', 'tpu'\)"):
     ModelConfig(platform='ipu')
-  assert platform_lib.choose('gpu', attention='auto', cpu_kernels='auto', residual_norm_kernel=True) == gpu
+  assert platform_lib.choose('gpu', attention='auto', cpu_kernels='auto', residual_norm_kernel=True,
+                             loss_kernel=True) == gpu
 
 
 def test_the_kernels_line_names_what_runs():

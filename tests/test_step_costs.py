@@ -357,19 +357,19 @@ def test_a_compiled_train_step_breaks_down_to_its_totals_and_the_analytic_flops(
   parts = {p['name']: p for p in record['parts']}
   assert record['bytes'] == sum(p['bytes'] for p in parts.values())
   assert record['flops'] == sum(p['flops'] for p in parts.values())
-  assert record['flops'] >= record['model_flops_per_chip']  # never below the analytic count
+  assert record['flops'] >= record['model_flops_per_device']  # never below the analytic count
   # Op by op, no op is faster than its FLOPs at peak, and the parts' times add up to the step's.
   assert record['serial_seconds'] >= record['flops'] / record['peak_flops'] * (1 - 1e-9)
   assert record['serial_seconds'] == pytest.approx(sum(p['serial_seconds'] for p in parts.values()), rel=1e-9)
   # Dropout's random bits (the model's residual dropout, drawn on the TPU inside the ops that use them) are among
   # the FLOPs beyond the matmuls'.
-  assert 0 < record['integer_ops'] <= record['flops'] - record['model_flops_per_chip']
+  assert 0 < record['integer_ops'] <= record['flops'] - record['model_flops_per_device']
   # The program has no loops, so XLA's FLOPs count the same ops, except the attention kernels' that carry no
   # cost estimate; only elementwise conventions may differ.
-  non_matmul = record['flops'] - record['model_flops_per_chip']
+  non_matmul = record['flops'] - record['model_flops_per_device']
   assert record['kernel_flops'] > 0
   assert abs(record['flops'] - (record['xla_flops'] + record['kernel_flops'])) <= non_matmul
-  tokens = record['batch_rows'] * record['batch_length'] / record['num_chips']  # per chip: data parallel
+  tokens = record['batch_rows'] * record['batch_length'] / record['num_devices']  # per device: data parallel
   d_model, vocab = config.model.d_model, config.model.vocab_size
   matmuls = 3 * 2 * tokens * d_model * vocab  # forward, and the two gradients
   # Besides them, a few dozen elementwise FLOPs per [token, vocab] element (softmax, smoothed target, masks).

@@ -11,10 +11,13 @@ from transformer_jax.compile import topologies
 
 
 def test_topology_names():
-  names = ('v4-8', 'v4-32', 'v5e-8', 'v5p-8', 'v6e-8', 'h100-1', 'h200-8', 'a100-4')
-  assert [topologies.get_topology(n).num_chips for n in names] == [4, 16, 8, 4, 8, 1, 8, 4]
-  assert [topologies.get_topology(n).chip.platform for n in names] == ['tpu'] * 5 + ['gpu'] * 3
+  names = ('v4-8', 'v4-32', 'v5e-8', 'v5p-8', 'v6e-8', 'tpu7x-8', 'h100-1', 'h200-8', 'a100-4')
+  assert [topologies.get_topology(n).num_chips for n in names] == [4, 16, 8, 4, 8, 4, 1, 8, 4]
+  # a TPU7x chip is two devices (TensorCores), each with half its HBM
+  assert [topologies.get_topology(n).num_devices for n in names] == [4, 16, 8, 4, 8, 8, 1, 8, 4]
+  assert [topologies.get_topology(n).chip.platform for n in names] == ['tpu'] * 6 + ['gpu'] * 3
   assert topologies.get_topology('v4-32').libtpu_name == 'v4:2x2x4'
+  assert topologies.get_topology('tpu7x-16').libtpu_name == 'tpu7x:2x2x2'
   with pytest.raises(ValueError, match=r"unknown topology 'v4-7': use one of v4-8, .*, h100-8, "):
     topologies.get_topology('v4-7')
 

@@ -95,7 +95,7 @@ class Analysis:
   """
 
   topology: str
-  num_chips: int
+  num_devices: int  # JAX devices: chips, or a TPU7x's TensorCores (two a chip)
   hbm_capacity: int
   peak_flops: float
   hbm_bandwidth: float
@@ -142,14 +142,14 @@ class Analysis:
   def mfu_bound(self) -> float | None:
     if self.model_flops is None or self.step_seconds is None:
       return None
-    return self.model_flops / (self.num_chips * self.peak_flops * self.step_seconds)
+    return self.model_flops / (self.num_devices * self.peak_flops * self.step_seconds)
 
   @property
   def hbm_mfu_bound(self) -> float | None:
     if self.model_flops is None or self.flops is None or self.hbm_bytes is None:
       return None
     seconds = max(self.compute_seconds, self.hbm_bytes / self.hbm_bandwidth)
-    return self.model_flops / (self.num_chips * self.peak_flops * seconds)
+    return self.model_flops / (self.num_devices * self.peak_flops * seconds)
 
   def as_dict(self) -> dict:
     out = dataclasses.asdict(self)
@@ -192,7 +192,7 @@ def analyze(lowered, args: tuple, *, topology: str, groups: dict | None = None,
   """
   topo = topologies.get_topology(topology)
   arguments = {name: bytes_per_chip(tree) for name, tree in (groups or {}).items()}
-  common = dict(topology=topology, num_chips=topo.num_chips, hbm_capacity=topo.chip.hbm_bytes,
+  common = dict(topology=topology, num_devices=topo.num_devices, hbm_capacity=topo.chip.hbm_bytes,
                 peak_flops=topo.chip.peak_flops, hbm_bandwidth=topo.chip.hbm_bandwidth, model_flops=model_flops)
   start = time.perf_counter()
   try:
@@ -233,12 +233,12 @@ def analyze(lowered, args: tuple, *, topology: str, groups: dict | None = None,
 
 # --- the project's train step on a topology
 
-def mesh_presets(num_chips: int) -> dict[str, dict]:
-  """Data parallel, FSDP and FSDP × tensor meshes for a chip count (tensor 4 from 16 chips, as tpu_v4_32_fsdp_tp)."""
-  tensor = 4 if num_chips >= 16 else 2
-  return {'data': {'data': num_chips, 'fsdp': 1, 'tensor': 1},
-          'fsdp': {'data': 1, 'fsdp': num_chips, 'tensor': 1},
-          'fsdp_tensor': {'data': 1, 'fsdp': num_chips // tensor, 'tensor': tensor}}
+def mesh_presets(num_devices: int) -> dict[str, dict]:
+  """Data parallel, FSDP and FSDP × tensor meshes for a device count (tensor 4 from 16, as tpu_v4_32_fsdp_tp)."""
+  tensor = 4 if num_devices >= 16 else 2
+  return {'data': {'data': num_devices, 'fsdp': 1, 'tensor': 1},
+          'fsdp': {'data': 1, 'fsdp': num_devices, 'tensor': 1},
+          'fsdp_tensor': {'data': 1, 'fsdp': num_devices // tensor, 'tensor': tensor}}
 
 
 def set_mesh_shape(config: ml_collections.ConfigDict, shape: dict) -> None:
@@ -369,9 +369,9 @@ def summary(analysis: Analysis, config: ml_collections.ConfigDict | None = None)
   """A human-readable report of one analysis."""
   a = analysis
   parts = [('outputs', a.output_bytes), ('temporaries', a.temp_bytes), ('code', a.code_bytes)]
-  lines = [f'{a.topology}: {a.num_chips} chips, {_gib(a.hbm_capacity)} GiB HBM each; compiled in '
+  lines = [f'{a.topology}: {a.num_devices} devices, {_gib(a.hbm_capacity)} GiB HBM each; compiled in '
            f'{a.compile_seconds:.0f}s',
-           'per chip (GiB): ' + ', '.join(f'{k} {_gib(v)}' for k, v in a.arguments.items()) + '; '
+           'per device (GiB): ' + ', '.join(f'{k} {_gib(v)}' for k, v in a.arguments.items()) + '; '
            + ', '.join(f'{k} {_gib(v)}' for k, v in parts if v is not None)
            + f'; total {_gib(a.total_bytes)} = {100 * a.total_bytes / a.hbm_capacity:.0f}% of HBM: '
            + ('fits' if a.fits else 'does NOT fit')]

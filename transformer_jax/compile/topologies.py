@@ -38,11 +38,12 @@ class Chip:
   A TPU chip carries libtpu's names for it; a GPU its `GpuDevice`."""
 
   device_kind: str  # jax's Device.device_kind
-  hbm_bytes: int
-  hbm_bandwidth: float  # bytes/s
+  hbm_bytes: int  # of one JAX device: the chip's, divided among its `devices_per_chip`
+  hbm_bandwidth: float  # bytes/s, of one JAX device as hbm_bytes
   libtpu_prefix: str = ''  # libtpu's topology names are '<prefix>:<shape>', e.g. 'v4:2x2x1'
   chip_config: str = ''  # libtpu's chip_config_name: 'megacore' makes a two-TensorCore chip one device, as on a VM
   cores_in_name: int = 1  # a TPU's accelerator-type name counts TensorCores: v4-8 is 4 chips, v5e-8 is 8
+  devices_per_chip: int = 1  # JAX devices a chip is: a TPU7x chip's two TensorCores are two (each with half its HBM)
   gpu: GpuDevice | None = None
 
   @property
@@ -59,6 +60,9 @@ CHIPS = {
     'v5e': Chip('TPU v5 lite', 16 * GiB, 8.19e11, 'v5e', 'default', 1),
     'v5p': Chip('TPU v5', 95 * GiB, 2.765e12, 'v5p', 'megacore', 2),
     'v6e': Chip('TPU v6 lite', 32 * GiB, 1.638e12, 'v6e', 'default', 1),
+    # Ironwood: per chip 192 GiB HBM at 7,380 GB/s and 2,307 bf16 TFLOP/s (Cloud TPU's "TPU7x (Ironwood)" page,
+    # system architecture table), two TensorCores that libtpu (0.0.42.1 and 0.0.50.1 alike) makes two devices
+    'tpu7x': Chip('TPU7x', 192 * GiB // 2, 7.38e12 / 2, 'tpu7x', 'default', 2, devices_per_chip=2),
     # SXM parts; HBM as nvidia-smi reports it (the H100 and H200: on the GPUs bench/RESULTS.md was measured on)
     'a100': Chip('NVIDIA A100-SXM4-80GB', 81_920 << 20, 2.039e12,
                  gpu=GpuDevice((8, 0), 108, 64, 1.41, 167_936, 166_912, 40 << 20)),
@@ -70,7 +74,7 @@ CHIPS = {
 _SHAPES_3D = ('2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8')
 _SHAPES_2D = ('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
 _SHAPES_GPU = ('1x1x1', '1x1x2', '1x1x4', '1x1x8')  # one host: (slices, hosts, GPUs per host), as the plugin's
-_SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D,
+_SHAPES = {'v4': _SHAPES_3D, 'v5p': _SHAPES_3D, 'v5e': _SHAPES_2D, 'v6e': _SHAPES_2D, 'tpu7x': _SHAPES_3D,
            'a100': _SHAPES_GPU, 'h100': _SHAPES_GPU, 'h200': _SHAPES_GPU}
 # The CUDA plugins that compile for a GPU, each with the CUDA version its programs are compiled for:
 # requirements-gpu.txt installs the CUDA 12 one (jax 0.10); jax 0.11 (Python 3.12+) also has a CUDA 13 one. cuDNN:
@@ -98,12 +102,17 @@ class Topology:
     return math.prod(int(n) for n in self.shape.split('x'))
 
   @property
+  def num_devices(self) -> int:
+    """The JAX devices of the slice or host: what a mesh over it spans."""
+    return self.num_chips * self.chip.devices_per_chip
+
+  @property
   def libtpu_name(self) -> str:
     return f'{self.chip.libtpu_prefix}:{self.shape}'
 
   @property
   def chips_per_host(self) -> tuple[int, int, int]:
-    """v4/v5p hosts hold 2x2x1 chips; v5e/v6e hosts up to 2x4 (a v5e-8 or v6e-8 is one host)."""
+    """v4/v5p/TPU7x hosts hold 2x2x1 chips; v5e/v6e hosts up to 2x4 (a v5e-8 or v6e-8 is one host)."""
     dims = [int(n) for n in self.shape.split('x')] + [1]
     bound = (2, 2, 1) if len(self.shape.split('x')) == 3 else (2, 4, 1)
     return tuple(min(b, d) for b, d in zip(bound, dims[:3]))
@@ -161,8 +170,8 @@ def _missing_compiler_error(name: str) -> MissingDependencyError:
 
 @functools.cache
 def topology_devices(name: str) -> tuple:
-  """The compile-only devices of a named slice or GPU host (one per chip), usable in a Mesh on a machine without
-  them."""
+  """The compile-only devices of a named slice or GPU host (`Topology.num_devices`), usable in a Mesh on a machine
+  without them."""
   topo = get_topology(name)
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   if topo.chip.platform == 'gpu':
@@ -190,7 +199,7 @@ def topology_devices(name: str) -> tuple:
         raise _missing_compiler_error(name) from None
       raise
   devices = tuple(desc.devices)
-  if len(devices) != topo.num_chips or devices[0].device_kind != topo.chip.device_kind:
+  if len(devices) != topo.num_devices or devices[0].device_kind != topo.chip.device_kind:
     raise RuntimeError(f'the compiler gave {len(devices)} {devices[0].device_kind} devices for {name} '
-                       f'({topo.shape}), expected {topo.num_chips} {topo.chip.device_kind}.')
+                       f'({topo.shape}), expected {topo.num_devices} {topo.chip.device_kind}.')
   return devices

@@ -40,7 +40,7 @@ from transformer_jax.core.workdir import Workdir
 # What evaluation may change in a run's saved config: how it decodes, what it evaluates on, and the model's
 # runtime choices (same parameters, other computation or layer layout). Everything else is fixed by the training run.
 EVALUATION_KEYS = ('decode', 'eval', 'data', 'model.attention', 'model.attention_chunk_size', 'model.dtype',
-                   'model.cpu_kernels', 'model.residual_norm_kernel', 'model.scan_layers')
+                   'model.cpu_kernels', 'model.residual_norm_kernel', 'model.loss_kernel', 'model.scan_layers')
 
 # Keys that only some settings of other keys read: dotted key -> its conditions, each (the dotted key that chooses,
 # the choices that read it), all of which must hold. Each section declares its own; an override of one the run would

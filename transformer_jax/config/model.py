@@ -67,6 +67,8 @@ class ModelConfig:
   cpu_kernels: str = 'auto'  # XLA:CPU's backward passes and dropout masks (kernels/cpu/projections.py): CPU_KERNELS
   residual_norm_kernel: bool = True  # on a GPU, post-LN blocks of a power-of-two d_model: kernels/gpu/residual_norm.py
   # (False: XLA's ops, the same values)
+  loss_kernel: bool = True  # on a GPU, the loss's pass over a chunk's logits: kernels/gpu/softmax_gradient.py (False:
+  # XLA's two passes, the same values). With it, the above off and attention='dot_product', no Pallas Triton kernel runs
   # Not a config key: the platform the model's steps compile for, which the run builder and restoring set from their
   # devices; its `kernels` follow from it and the settings above.
   platform: str = 'cpu'
@@ -114,7 +116,7 @@ class ModelConfig:
   def kernels(self) -> platform_lib.Kernels:
     """What the model's named ops run on `platform` (`config/platform.py`)."""
     return platform_lib.choose(self.platform, attention=self.attention, cpu_kernels=self.cpu_kernels,
-                               residual_norm_kernel=self.residual_norm_kernel)
+                               residual_norm_kernel=self.residual_norm_kernel, loss_kernel=self.loss_kernel)
 
   def section(self) -> dict:
     """The `model` section's keys and values (every field but `platform`)."""

@@ -20,7 +20,8 @@ class Kernels:
   cudnn_attention: bool  # cuDNN's fused attention serves the calls it can ('auto' and 'dot_product' on a GPU)
   fused_projections: bool  # attention's projections of one shape as one matrix product (a GPU)
   residual_norm_kernel: bool  # post-LN residual blocks as one Pallas kernel a pass (kernels/gpu/residual_norm.py)
-  loss_kernel: bool  # the loss's GPU pass: gold logits from the weights, one-pass log-sum-exp, the Pallas gradient
+  gpu_loss: bool  # the loss's GPU pass: gold logits from the weights, one-pass log-sum-exp
+  loss_kernel: bool  # its maximum, log-sum-exp and gradient as one Pallas kernel (kernels/gpu/softmax_gradient.py)
   relu_output_barrier: bool  # ReLU's backward pass kept apart from its product (a GPU's cuBLAS epilogue)
   dropout_masks: str  # 'bernoulli' (nn.Dropout's), 'hashed' (an element's index hashed) or 'sixteen_bit'
   cpu_projections: bool  # the projections' hand-written XLA:CPU backward pass (kernels/cpu/projections.py)
@@ -37,10 +38,12 @@ class Kernels:
             + ''.join(f', {name}' for name in fused))
 
 
-def choose(platform: str, *, attention: str, cpu_kernels: str, residual_norm_kernel: bool) -> Kernels:
+def choose(platform: str, *, attention: str, cpu_kernels: str, residual_norm_kernel: bool,
+           loss_kernel: bool) -> Kernels:
   """The kernels for steps compiled for `platform` given the model's settings `model.attention` ('auto': the
   platform's fastest; a flash kernel of another platform is refused when it is traced, `attention.serving`, unless
-  Pallas interprets it), `model.cpu_kernels` ('auto': on a CPU) and `model.residual_norm_kernel` (a GPU's)."""
+  Pallas interprets it), `model.cpu_kernels` ('auto': on a CPU), `model.residual_norm_kernel` and
+  `model.loss_kernel` (a GPU's)."""
   if platform not in PLATFORMS:
     raise ValueError(f'no kernels for platform {platform!r}: the steps compile for one of {PLATFORMS}.')
   gpu = platform == 'gpu'
@@ -51,7 +54,8 @@ def choose(platform: str, *, attention: str, cpu_kernels: str, residual_norm_ker
       cudnn_attention=gpu and attention in ('auto', 'dot_product'),
       fused_projections=gpu,
       residual_norm_kernel=gpu and residual_norm_kernel,
-      loss_kernel=gpu,
+      gpu_loss=gpu,
+      loss_kernel=gpu and loss_kernel,
       relu_output_barrier=gpu,
       dropout_masks='sixteen_bit' if cpu_projections else 'hashed' if gpu else 'bernoulli',
       cpu_projections=cpu_projections,

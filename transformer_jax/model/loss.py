@@ -6,7 +6,8 @@ come from a compute-dtype matmul (float32 accumulation) and are reduced in float
 sums; when differentiated, the same pass also forms the chunk's gradient (softmax − smoothed target) and contracts
 it with the states and the weights at once, so the backward pass only scales those products by the incoming
 cotangents and no chunk is recomputed. The chunks are unrolled, so XLA's cost analysis counts every one of them.
-On a GPU (the model's `Kernels.loss_kernel`) a chunk's maximum, log-sum-exp and gradient come from one kernel
+On a GPU (the model's `Kernels.gpu_loss`) the gold logits come from the weights and the log-sum-exp from one pass;
+with `Kernels.loss_kernel` a chunk's maximum, log-sum-exp and gradient come from one kernel
 (`kernels/gpu/softmax_gradient.py`) where it serves.
 """
 
@@ -114,7 +115,7 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, f
   # Σ_v logit_v = h · Σ_v W_v (+ Σ bias): the smoothing term's logit sums without another pass over the logits
   weight_sum = jnp.sum(weights.astype(jnp.float32), axis=0)
   bias_sum = 0.0 if bias is None else jnp.sum(bias)
-  dy, gpu = [], kernels.loss_kernel
+  dy, gpu = [], kernels.gpu_loss
   for start, size in _chunks(hidden.shape[1], chunk_length):
     logits, chunk = _chunk_logits(hidden, weights, start, size)
     chunk_targets = jax.lax.slice_in_dim(targets, start, start + size, axis=1)
@@ -126,7 +127,7 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, f
       # (bench/RESULTS.md, "The loss")
       gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
                               weights[labels].astype(jnp.float32)).astype(logits.dtype)
-    kernel = with_gradients and gpu and not first_id and loss_kernel.serves(logits, bias)  # it reads ids as columns
+    kernel = with_gradients and kernels.loss_kernel and not first_id and loss_kernel.serves(logits, bias)  # ids
     stats = None
     if kernel:  # the maximum, log-sum-exp and gradient from one kernel, the gradient over the logits' buffer
       *stats, grad = loss_kernel.softmax_gradient(logits, chunk_targets, gold, other)

@@ -10,10 +10,11 @@ import numpy as np
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.model import loss as loss_lib
 
-# Dense bf16 peak FLOP/s per chip, from the vendors' data sheets.
+# Dense bf16 peak FLOP/s per JAX device (a chip, but for TPU7x's two a chip), from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
     'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5e': 197e12, 'TPU v5p': 459e12, 'TPU v5': 459e12,
     'TPU v6 lite': 918e12, 'TPU v6e': 918e12,
+    'TPU7x': 2307e12 / 2,  # a chip's peak, shared by its two devices (TensorCores): compile/topologies.py
     'A100': 312e12, 'H100': 989e12, 'H200': 989e12,
 }
 
