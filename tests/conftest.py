@@ -7,6 +7,7 @@ compiled: a re-run, and the train.py subprocesses of one run, reuse the thousand
 
 import fcntl
 import os
+import signal
 import tempfile
 
 import xla_test_flags
@@ -17,6 +18,12 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettemp
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 import pytest  # noqa: E402  (after the environment above)
+
+# A shell starts a background job (`.ci/run &`, nohup) with SIGINT ignored, and every subprocess would inherit that:
+# the Ctrl-C tests' tools must start as from a terminal, with SIGINT at its default (a Python handler is reset to
+# the default in a child, an ignored signal is not).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope='session')
