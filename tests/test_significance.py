@@ -1,6 +1,7 @@
 """Paired significance tests between two systems, and reading another system's hypotheses."""
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from transformer_jax import cli as tools
 from transformer_jax import config as config_lib
 from transformer_jax.core.workdir import Workdir
 from transformer_jax.data import sources
@@ -213,3 +215,26 @@ def test_a_results_json_scored_on_other_sentences_stops_evaluation_before_it_dec
                               f'{theirs[0]!r}; here: {ours[0]!r}): pass a baseline evaluated on the same split and '
                               'data.')
   assert not os.path.exists(os.path.join(workdir, 'translations'))
+
+
+def test_the_tools_logs_leave_out_sacrebleus_lines_about_a_paired_test():
+  """sacrebleu logs which statistics each paired test computes (INFO); a tool's log keeps only its own table
+  (and sacrebleu's warnings)."""
+  refs, baseline, system = _corpus()
+  logged, kept = logging.Handler(), logging.Handler()
+  logged.records, kept.records = [], []
+  logged.emit, kept.emit = logged.records.append, kept.records.append
+  kept.addFilter(tools._QuietLibraries())  # pylint: disable=protected-access
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.INFO)
+  root.addHandler(logged)
+  root.addHandler(kept)
+  try:
+    compare_systems(baseline, system, refs, n=N)
+  finally:
+    root.removeHandler(logged)
+    root.removeHandler(kept)
+    root.setLevel(level)
+  info = lambda records: [r.getMessage() for r in records if '/sacrebleu/' in r.pathname and r.levelno == logging.INFO]
+  assert info(logged.records) and not info(kept.records)

@@ -152,10 +152,11 @@ def _flag_error(error: BaseException, argv=(), config=None) -> str:
 class _QuietLibraries(py_logging.Filter):
   """orbax and grain: drops their per-save INFO chatter and, unless --verbosity=1, the tracebacks of their errors
   (the error itself stays; the run reports it in one line of its own). asyncio likewise: its event loop logs the
-  failed writes of a failed orbax save that nobody awaited any more ('Future exception was never retrieved')."""
+  failed writes of a failed orbax save that nobody awaited any more ('Future exception was never retrieved').
+  sacrebleu: its significance tests' INFO lines (which statistics it computes), before the table eval.py prints."""
 
   def filter(self, record):
-    if not any(part in record.pathname for part in ('/orbax/', '/grain/', '/asyncio/')):
+    if not any(part in record.pathname for part in ('/orbax/', '/grain/', '/asyncio/', '/sacrebleu/')):
       return True
     if record.levelno < py_logging.WARNING:
       return False
