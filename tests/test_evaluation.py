@@ -181,6 +181,7 @@ def test_a_saved_average_is_evaluated_translated_and_exported_by_the_ordinary_co
                 for args in ([f'--workdir={average}'], [f'--workdir={workdir}', '--average_last=2'])]
   assert translated[0].returncode == 0, translated[0].stderr[-2000:]
   assert translated[0].stdout == translated[1].stdout  # the averaged params, bit for bit
+  assert f'{average}: the saved average of steps [20, 30] of {os.path.abspath(workdir)}' in translated[0].stderr
   result = entry_points.run(['-m', 'transformer_jax.export', f'--workdir={average}', f'--out={tmp_path / "ct2"}'],
                             text=True)
   assert result.returncode == 0, result.stderr[-2000:]
