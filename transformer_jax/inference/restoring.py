@@ -178,9 +178,9 @@ def _restore_params(config, model, workdir: str, step, average_last, mesh, rules
                                                  count=count)
     if average_last:
       return params, chosen, f'{workdir}: the last {average_last} checkpoints, {checkpoint.describe_steps(chosen)}'
-    origin = Workdir(workdir).averaged_from_file
-    if os.path.isfile(origin):  # a saved average (`save_averaged`): its one checkpoint holds other steps' mean
-      saved = files.read_json(origin, 'averaged params\' origin')
+    origin_file = Workdir(workdir).averaged_from_file
+    if os.path.isfile(origin_file):  # a saved average (`save_averaged`): its one checkpoint holds other steps' mean
+      saved = files.read_json(origin_file, 'averaged params\' origin')
       return params, chosen, f'{workdir}: the saved average of steps {saved["steps"]} of {saved["workdir"]}'
     return params, chosen, (f'the final model of {workdir} (its last eval.average_last={config.eval.average_last} '
                             f'periodic saves): {checkpoint.describe_steps(chosen)}')
