@@ -41,7 +41,7 @@ _COLLECTIVE_RE = re.compile(r'=\s*(?P<type>.+?)\s+(?P<op>' + '|'.join(COLLECTIVE
 @dataclasses.dataclass(frozen=True)
 class Collective:
   count: int = 0
-  bytes: int = 0  # per chip: the size of each op's result, summed
+  bytes: int = 0  # per device: the size of each op's result, summed
 
 
 def parse_collectives(hlo_text: str) -> dict[str, Collective]:
@@ -380,7 +380,7 @@ def summary(analysis: Analysis, config: ml_collections.ConfigDict | None = None)
   else:
     lines += ['collectives per step: ' + (', '.join(f'{k} ×{c.count} ({c.bytes / 2**20:.0f} MiB)'
                                                    for k, c in a.collectives.items() if c.count) or 'none'),
-              f'{a.flops / 1e12:.2f} TFLOP and {a.bytes_accessed / 1e9:.1f} GB accessed per chip: roofline step '
+              f'{a.flops / 1e12:.2f} TFLOP and {a.bytes_accessed / 1e9:.1f} GB accessed per device: roofline step '
               f'{1e3 * a.step_seconds:.1f} ms ({a.bound} bound)'
               + (f', MFU at most {100 * a.mfu_bound:.0f}%' if a.mfu_bound is not None else '')]
     if a.hbm_bytes < a.bytes_accessed:  # a TPU's on-chip memories (a GPU program's arrays are all in HBM)
