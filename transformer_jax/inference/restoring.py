@@ -178,9 +178,8 @@ def _restore_params(config, model, workdir: str, step, average_last, mesh, rules
                                                  count=count)
     if average_last:
       return params, chosen, f'{workdir}: the last {average_last} checkpoints, {checkpoint.describe_steps(chosen)}'
-    origin_file = Workdir(workdir).averaged_from_file
-    if os.path.isfile(origin_file):  # a saved average (`save_averaged`): its one checkpoint holds other steps' mean
-      saved = files.read_json(origin_file, 'averaged params\' origin')
+    saved = _averaged_origin(workdir)
+    if saved is not None:  # a saved average (`save_averaged`): its one checkpoint holds other steps' mean
       return params, chosen, f'{workdir}: the saved average of steps {saved["steps"]} of {saved["workdir"]}'
     return params, chosen, (f'the final model of {workdir} (its last eval.average_last={config.eval.average_last} '
                             f'periodic saves): {checkpoint.describe_steps(chosen)}')
@@ -193,6 +192,13 @@ def _counted(params, restored: progress.Progress):
   return params
 
 
+def _averaged_origin(workdir: str) -> dict | None:
+  """In a workdir `save_averaged` finished: the run and steps its params average (`Workdir.averaged_from_file`);
+  None elsewhere."""
+  path = Workdir(workdir).averaged_from_file
+  return files.read_json(path, 'averaged params\' origin') if os.path.isfile(path) else None
+
+
 def save_averaged(restored: Restored, workdir: str) -> tuple[str, bool]:
   """Writes the restored params (one model's, averaged) as a workdir of their own, `Workdir.averaged`: the run's
   config.json and tokenizer and a params-only checkpoint at the last averaged step, then where they come from
@@ -203,9 +209,7 @@ def save_averaged(restored: Restored, workdir: str) -> tuple[str, bool]:
   out = run.averaged(restored.steps)
   origin = {'workdir': os.path.abspath(workdir), 'steps': list(restored.steps)}
   if os.path.exists(out.path):
-    saved = (files.read_json(out.averaged_from_file, 'averaged params\' origin')
-             if os.path.isfile(out.averaged_from_file) else None)
-    if saved != origin:
+    if _averaged_origin(out.path) != origin:
       raise ValueError(f'{out.path} exists and is not a finished save of the average of steps {origin["steps"]} of '
                        f'{workdir}: move it away to save this average there.')
     return out.path, False

@@ -7,7 +7,7 @@ mid-write. train.py installs them before its heavy imports and keeps them until 
 save must not turn a clean stop into death by signal. The interpreter's finalization runs no Python handler and
 gives each signal that has one back its default action (death) before the process is gone; so from the last exit
 hook on, the signals are ignored instead (`_ignore_from_exit`). During the final report (training is saved by
-then) a signal stops the report at its next safe point (`raising`, `StopRequest.check`).
+then) a signal stops the report at its next safe point (`StopRequest.at_safe_points`, `core.stops.here`).
 
 Several processes: JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM, and orbax's
 `reached_preemption` makes every host agree on the same step to stop at, without a collective on every step;
