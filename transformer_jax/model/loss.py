@@ -127,7 +127,8 @@ def _forward(hidden, weights, bias, targets, smoothing, chunk_length, kernels, f
       # (bench/RESULTS.md, "The loss")
       gold_logit = jnp.einsum('bcd,bcd->bc', chunk.astype(jnp.float32),
                               weights[labels].astype(jnp.float32)).astype(logits.dtype)
-    kernel = with_gradients and kernels.loss_kernel and not first_id and loss_kernel.serves(logits, bias)  # ids
+    # The kernel reads target 0 as padding, so it serves only columns that start at id 0 (`first_id` 0).
+    kernel = with_gradients and kernels.loss_kernel and not first_id and loss_kernel.serves(logits, bias)
     stats = None
     if kernel:  # the maximum, log-sum-exp and gradient from one kernel, the gradient over the logits' buffer
       *stats, grad = loss_kernel.softmax_gradient(logits, chunk_targets, gold, other)
