@@ -28,16 +28,18 @@ How our model maps onto CTranslate2's Transformer (checked against its C++ layer
 `python -m transformer_jax.export` writes one from a workdir (`transformer_jax/export.py`).
 """
 
+from __future__ import annotations
+
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
-from ctranslate2.specs import common_spec, model_spec, transformer_spec
 
 from transformer_jax.config import decode as decode_section
 from transformer_jax.config.model import ModelConfig
@@ -47,13 +49,15 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.interop import marian
 from transformer_jax.model.transformer import MASKED_LOGIT, sinusoidal_encoding
 
+if TYPE_CHECKING:  # ctranslate2.specs imports torch where it is installed (seconds): the functions that build a spec
+  # import it, so that translate and a refused export start without it.
+  from ctranslate2.specs import model_spec, transformer_spec
+
 # Weight types of the exported model. CT2 computes in a type the device supports: on a CPU without float16
 # arithmetic, 'float16' runs as float32 and 'int8_float16' as int8 with float32 (the GPU types).
 QUANTIZATIONS = (None, 'float32', 'int8', 'int8_float16', 'float16')
 SPECIAL_PIECES = tokenizer_lib.SPECIAL_PIECES
 SPM_FILE = 'spm.model'
-_ACTIVATIONS = {'relu': common_spec.Activation.RELU, 'gelu': common_spec.Activation.GELU,
-                'swish': common_spec.Activation.SWISH}
 SETTINGS_FILE = 'transformer_jax.json'  # {'model': the model section, 'decode': the decode section}
 # int8 weights keep 7 bits of magnitude (±63, CT2 writes ±127): on an x86 CPU without VNNI, CT2's int8 products
 # (unsigned 8-bit activations times the weights) add pairs in 16 bits, which 2·255·127 overflows and 2·255·63 cannot.
@@ -96,6 +100,7 @@ def export_ctranslate2(model_config: ModelConfig, params, tokenizer, out_dir: st
 def optimize_spec(spec: model_spec.LayerSpec, quantization: str | None) -> None:
   """CT2's `optimize` (aliases, weight types), then int8 weights requantized from the float32 originals with
   per-row scales to ±INT8_WEIGHT_LIMIT."""
+  from ctranslate2.specs import model_spec  # pylint: disable=import-outside-toplevel  (see TYPE_CHECKING above)
   originals = {}
   if quantization and quantization.startswith('int8'):
     def keep(layer, name, value):
@@ -151,9 +156,13 @@ def spm_vocabulary(spm_model_path: str | os.PathLike, vocab_size: int) -> list[s
 
 def transformer_model_spec(cfg: ModelConfig, weights) -> transformer_spec.TransformerSpec:
   """CT2's TransformerSpec of `cfg` holding `weights` (our params as float32 numpy arrays)."""
+  # pylint: disable-next=import-outside-toplevel  (see TYPE_CHECKING above)
+  from ctranslate2.specs import common_spec, transformer_spec
   pre = cfg.norm == 'pre'
   head_dim = cfg.head_dim_k if cfg.head_dim_k * cfg.num_heads != cfg.d_model else None
-  common = dict(pre_norm=pre, no_final_norm=not pre, activation=_ACTIVATIONS[cfg.activation], head_dim=head_dim)
+  activation = {'relu': common_spec.Activation.RELU, 'gelu': common_spec.Activation.GELU,
+                'swish': common_spec.Activation.SWISH}[cfg.activation]
+  common = dict(pre_norm=pre, no_final_norm=not pre, activation=activation, head_dim=head_dim)
   spec = transformer_spec.TransformerSpec(
       transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **common),
       transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **common))
