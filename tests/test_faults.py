@@ -173,6 +173,11 @@ class _Run:
     return ''.join(self.lines)
 
 
+def _train_py(entry_points, workdir: str):
+  """`python train.py` of RUN in `workdir`, forked from the warm entry-point server (for runs that get no signal)."""
+  return entry_points.run(helpers.train_args(workdir, **RUN), text=True)
+
+
 def _workdir(tmp_path, uninterrupted, name='run') -> str:
   return helpers.prepare_workdir(str(tmp_path / name), uninterrupted[0])
 
@@ -188,7 +193,7 @@ def _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted):
     assert record['loss'] == uninterrupted[1][record['step']], record['step']
 
 
-def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path, uninterrupted):
+def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path, uninterrupted, entry_points):
   workdir = _workdir(tmp_path, uninterrupted)
   rng = random.Random(0)
   for _ in range(3):  # kill at a random step (saves are asynchronous: often mid-save), then resume
@@ -197,13 +202,14 @@ def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path,
     time.sleep(rng.uniform(0, 0.2))
     run.process.send_signal(signal.SIGKILL)
     run.process.wait(timeout=60)
-  run = _Run(workdir)
-  assert run.finish() == 0, run.output[-3000:]
+  result = _train_py(entry_points, workdir)  # the last resume, to the end: no signal, a fork of the warm server
+  assert result.returncode == 0, result.stderr[-3000:]
   assert not [n for n in os.listdir(Workdir(workdir).checkpoints) if 'tmp' in n]  # stale save dirs removed
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
-def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_path, uninterrupted, four_steps):
+def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_path, uninterrupted, four_steps,
+                                                                           entry_points):
   workdir = _copy(four_steps, tmp_path)
   # Files of at most 32 KiB: the config, logs and metrics fit, a checkpoint's data file does not.
   run = _Run(workdir, limit_file_size=1 << 15)
@@ -212,8 +218,8 @@ def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_p
   (error,) = [line for line in run.lines if line.startswith('error:')]
   assert error.startswith('error: saving a checkpoint in ') and '(File too large)' in error
   assert 'the last good checkpoint is step 4' in error and 'rerun the same command' in error
-  run = _Run(workdir)
-  assert run.finish() == 0, run.output[-3000:]
+  result = _train_py(entry_points, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
@@ -240,10 +246,10 @@ def test_a_checkpoint_whose_data_files_are_cut_is_skipped_by_eval_and_set_aside_
   assert 'checkpoint step 4 in' in result.stderr and 'does not restore' in result.stderr
   assert f'restored the final model of {workdir} (its last eval.average_last=1 periodic saves): step 2' in result.stderr
   assert helpers.tree_digest(damaged) == digest  # evaluation changes nothing
-  run = _Run(workdir)
-  assert run.finish() == 0, run.output[-3000:]
-  assert 'checkpoint step 4 in' in run.output and 'does not restore' in run.output
-  assert f'resumed from step 2 in {Workdir(workdir).checkpoints}' in run.output
+  result = _train_py(entry_points, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'checkpoint step 4 in' in result.stderr and 'does not restore' in result.stderr
+  assert f'resumed from step 2 in {Workdir(workdir).checkpoints}' in result.stderr
   assert helpers.tree_digest(damaged + '.damaged') == digest  # kept as it was, under another name
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
@@ -267,15 +273,16 @@ def test_damage_to_any_file_of_a_checkpoint_falls_back_to_the_one_before(kind, t
   assert {step: losses[step] for step in (3, 4, 5)} == {step: uninterrupted[1][step] for step in (3, 4, 5)}
 
 
-def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps):
+def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps, entry_points):
   workdir = _copy(four_steps, tmp_path)
   before = helpers.tree_digest(Workdir(workdir).checkpoints)
   helpers.truncate(Workdir(workdir).tokenizer_model)
-  run = _Run(workdir)
-  assert run.finish() == 1
-  assert run.lines[-1].strip() == (f'error: {Workdir(workdir).tokenizer_model} is not a SentencePiece model '
-                                   "(truncated or damaged): restore it from a copy; a run's checkpoints need the "
-                                   'tokenizer they were trained with.')
+  result = _train_py(entry_points, workdir)
+  assert result.returncode == 1
+  assert result.stdout == ''
+  assert result.stderr.splitlines()[-1] == (
+      f'error: {Workdir(workdir).tokenizer_model} is not a SentencePiece model (truncated or damaged): restore it '
+      "from a copy; a run's checkpoints need the tokenizer they were trained with.")
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
 
 

@@ -436,20 +436,24 @@ def test_a_signal_during_the_final_report_stops_it_at_the_next_safe_point_and_no
 
   logger = logging.getLogger('test_signal_while_logging')
   stream = io.StringIO()
-  logger.addHandler(SignalledWhileFlushing(stream))
+  handler = SignalledWhileFlushing(stream)
+  logger.addHandler(handler)
   logger.propagate = False
-  with preemption.StopRequest() as stop:
-    with pytest.raises(preemption.StopRequested, match='signal 15'):
-      with stop.at_safe_points():
-        logger.warning('a line of the final report')
-        logger.warning('and the next one')  # the signal came: nothing raised where it was handled
-        stops.here()
-    assert stream.getvalue() == 'a line of the final report\nand the next one\n'
-    assert stop.requested(step=1)  # and the request is remembered
-    stops.here()  # outside the report
-    with pytest.raises(preemption.StopRequested):  # a signal that came before the report stops it at once
-      with stop.at_safe_points():
-        pass
+  try:
+    with preemption.StopRequest() as stop:
+      with pytest.raises(preemption.StopRequested, match='signal 15'):
+        with stop.at_safe_points():
+          logger.warning('a line of the final report')
+          logger.warning('and the next one')  # the signal came: nothing raised where it was handled
+          stops.here()
+      assert stream.getvalue() == 'a line of the final report\nand the next one\n'
+      assert stop.requested(step=1)  # and the request is remembered
+      stops.here()  # outside the report
+      with pytest.raises(preemption.StopRequested):  # a signal that came before the report stops it at once
+        with stop.at_safe_points():
+          pass
+  finally:  # else logging.shutdown flushes it as pytest exits, and the SIGTERM kills pytest (exit status 143)
+    logger.removeHandler(handler)
   with preemption.StopRequest() as stop:  # where the report may block for good (reading a file): at once
     went_on = False
     with pytest.raises(preemption.StopRequested), stop.at_safe_points(), stops.interruptible():
