@@ -98,17 +98,15 @@ def test_train_step_compiles_for_the_newest_tpu():
   assert analysis.collectives['all-gather'].count > 0  # FSDP's parameters, over all 8 devices
 
 
-def _lowered_train_step(cpu_kernels: str) -> str:
-  return aot.lower(aot.longest_train_step(small_config('data', cpu_kernels=cpu_kernels), TOPOLOGY)).as_text()
-
-
 @pytest.mark.slow
-def test_a_tpu_program_compiled_on_a_cpu_host_makes_the_tpus_choices():
+def test_a_tpu_program_compiled_on_a_cpu_host_makes_the_tpus_choices(programs):
   """model.cpu_kernels='auto' is decided by the devices the step is compiled for: the TPU program is the one
   with the CPU kernels off, as on a TPU host, not the host's choice."""
-  auto = _lowered_train_step('auto')
-  assert auto == _lowered_train_step('off')
-  assert auto != _lowered_train_step('on')
+  lowered = lambda **model: aot.lower(programs('data', **model)).as_text()
+  assert small_config('data').model.cpu_kernels == 'auto'  # the default: the data mesh's analysed program is it
+  auto = lowered()
+  assert auto == lowered(cpu_kernels='off')
+  assert auto != lowered(cpu_kernels='on')
 
 
 @pytest.mark.slow
