@@ -52,9 +52,11 @@ def installed(tmp_path_factory):
   return python, user, elsewhere, purelib
 
 
-def _run(installed, *args, stdin=None):
+def _run(installed, *args, stdin=None, fast_compile=False):
+  """`python ARGS` of the fresh environment in the empty directory; XLA's optimisations kept unless
+  `fast_compile` (for a run whose few steps do not repay them)."""
   python, _, elsewhere, _ = installed
-  env = helpers.subprocess_env(device_count=1, fast_compile=False)
+  env = helpers.subprocess_env(device_count=1, fast_compile=fast_compile)
   del env['PYTHONPATH']  # the repository's package: not this environment's
   return subprocess.run([python, *args], input=stdin, cwd=elsewhere, env=env, capture_output=True, text=True,
                         timeout=900)
@@ -73,7 +75,7 @@ def test_the_smoke_config_trains_from_another_directory_with_the_installed_packa
   assert headline.endswith('on 200 sentences; params of step(s) [200, 300]')
 
   translated = _run(installed, '-m', 'transformer_jax.translate', '--workdir=runs/smoke',
-                    stdin='The dog sees the cat.\n\nHe sleeps.\n')
+                    stdin='The dog sees the cat.\n\nHe sleeps.\n', fast_compile=True)  # two sentences
   assert translated.returncode == 0, translated.stderr[-3000:]
   assert len(translated.stdout.splitlines()) == 3 and translated.stdout.splitlines()[1] == ''
   assert 'the final model of runs/smoke (its last eval.average_last=2 periodic saves): the average of steps ' \

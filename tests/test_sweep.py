@@ -276,8 +276,7 @@ def micro_sweep(tmp_path_factory):
   proc = subprocess.run([sys.executable, 'sweep.py', f'--config={base}', f'--sweep={sweep_file}',
                          f'--workdir={root}'], cwd=helpers.REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return {'base': base, 'sweep_file': sweep_file, 'root': root, 'variants': variants, 'stdout': proc.stdout,
-          'env': env}
+  return {'base': base, 'sweep_file': sweep_file, 'root': root, 'variants': variants, 'stdout': proc.stdout}
 
 
 @pytest.mark.slow
@@ -346,10 +345,9 @@ def test_rerun_skips_finished_variants(micro_sweep):
 
 
 @pytest.mark.slow
-def test_print_commands_lists_unfinished_variants(micro_sweep, tmp_path):
-  proc = subprocess.run([sys.executable, 'sweep.py', f'--config={micro_sweep["base"]}',
-                         f'--sweep={micro_sweep["sweep_file"]}', f'--workdir={tmp_path}', '--print_commands'],
-                        cwd=helpers.REPO, env=micro_sweep['env'], capture_output=True, text=True, timeout=120)
+def test_print_commands_lists_unfinished_variants(micro_sweep, entry_points, tmp_path):
+  proc = entry_points.run(['sweep.py', f'--config={micro_sweep["base"]}', f'--sweep={micro_sweep["sweep_file"]}',
+                           f'--workdir={tmp_path}', '--print_commands'], text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert len(lines) == 2 and all('train.py --config=' in line for line in lines)
