@@ -50,9 +50,10 @@ def _decode(members, method, use_cache=True):
 
 
 def _reference_log_probs(members, targets: np.ndarray) -> np.ndarray:
-  """The ensemble's distributions by definition, from each member's own teacher-forced pass: the log of the
-  renormalised product of the members' probabilities (the mean of their log-softmaxes)."""
-  mean = np.mean([jax.nn.log_softmax(m.model.apply({'params': m.params}, _inputs(), jnp.asarray(targets)), -1)
+  """The ensemble's distributions by definition, from each member's own teacher-forced pass (jitted: op by op,
+  each of its operations would be compiled on its own): the log of the renormalised product of the members'
+  probabilities (the mean of their log-softmaxes)."""
+  mean = np.mean([jax.nn.log_softmax(jax.jit(m.model.apply)({'params': m.params}, _inputs(), jnp.asarray(targets)), -1)
                   for m in members], axis=0)
   return np.asarray(jax.nn.log_softmax(mean, -1))
 
@@ -132,8 +133,8 @@ def test_teacher_forced_metrics_score_targets_with_the_ensembles_distribution():
   batch = {k: jnp.asarray(v) for k, v in helpers.synthetic_batches(1, rows=4, length=10, seed=5)[0].items()}
   sums = steps.eval_step(members, batch, smoothing=0.0)
   targets = np.asarray(batch['targets'])
-  log_probs = [np.asarray(jax.nn.log_softmax(m.model.apply({'params': m.params}, **steps.model_inputs(batch)), -1))
-               for m in members]
+  log_probs = [np.asarray(jax.nn.log_softmax(jax.jit(m.model.apply)({'params': m.params}, **steps.model_inputs(batch)),
+                                             -1)) for m in members]
   mean = np.asarray(jax.nn.log_softmax(np.mean(log_probs, axis=0), -1))
   real = targets > 0
   target_log_probs = np.take_along_axis(mean, targets[..., None], -1)[..., 0]

@@ -5,6 +5,7 @@ The MarianMT models are built here: a `MarianConfig` with random weights, and so
 trained on the built-in corpus with a Marian-style vocab.json (eos 0, unk 1, pad last). Nothing is downloaded.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -151,6 +152,23 @@ def _restore(workdir):
   return restoring.restore(config_lib.of_run(workdir), workdir)
 
 
+# Our passes jitted, a program per model (op by op, each of a pass's operations would be compiled on its own).
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model, params, src, tgt):
+  """Our teacher-forced logits of the targets `tgt` given the sources `src`."""
+  return model.apply({'params': params}, src, tgt)
+
+
+def _training_nll(model, params, src, tgt):
+  """Training's summed NLL of the targets `tgt` (label smoothing off, the loss in chunks of 4 positions)."""
+  hidden, weights, bias = model.apply({'params': params}, src, tgt, return_hidden=True)
+  return loss.token_sums(hidden, weights, bias, tgt, 0.0, 4, model.config.kernels, model.config.first_output_id)['nll']
+
+
+_TRAINING_NLL = jax.jit(_training_nll, static_argnums=0)
+_TRAINING_NLL_GRAD = jax.jit(jax.grad(_training_nll, argnums=1), static_argnums=0)
+
+
 def _order(model):
   return marian.import_order(model.config.pad_token_id, 0, model.config.decoder_start_token_id, 1,
                              model.config.vocab_size)
@@ -210,8 +228,7 @@ def _assert_same_logits(model, tokenizer, workdir) -> ModelConfig:
   for PAD's, which is Marian's decoder start token again (our BOS) and is masked out of the softmax."""
   restored = _restore(workdir)
   pairs = _Pairs(model, tokenizer, restored)
-  ours = np.asarray(restored.model.apply({'params': restored.params}, _padded(pairs.ours_src),
-                                         _padded(pairs.ours_tgt)))
+  ours = np.asarray(_logits(restored.model, restored.params, _padded(pairs.ours_src), _padded(pairs.ours_tgt)))
   theirs = _hf_logits(model, pairs.theirs_src, pairs.theirs_tgt, model.config.pad_token_id)[..., pairs.order]
   for i, row in enumerate(pairs.ours_tgt):
     np.testing.assert_allclose(ours[i, :len(row), PAD_ID + 1:], theirs[i, :len(row), PAD_ID + 1:], rtol=0,
@@ -246,8 +263,8 @@ def test_an_imported_model_gives_every_target_token_the_probability_marian_gives
   restored = _restore(workdir)
   pairs = _Pairs(model, tokenizer, restored)
   theirs = _their_log_probs(model, pairs)
-  logits = restored.model.apply({'params': restored.params}, _padded(pairs.ours_src), _padded(pairs.ours_tgt))
-  log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  src, tgt = _padded(pairs.ours_src), jnp.asarray(_padded(pairs.ours_tgt))
+  log_probs = np.asarray(jax.nn.log_softmax(_logits(restored.model, restored.params, src, tgt), axis=-1))
   for i, row in enumerate(pairs.ours_tgt):
     np.testing.assert_allclose(log_probs[i, np.arange(len(row)), row], theirs[i], rtol=0, atol=PROBABILITY_TOLERANCE)
   tokens = sum(len(row) for row in theirs)
@@ -255,12 +272,8 @@ def test_an_imported_model_gives_every_target_token_the_probability_marian_gives
   scored = scoring.teacher_forced_metrics(restored, pairs.text, 'test')  # eval.py's teacher-forced scoring
   assert scored['tokens'] == tokens
   assert abs(scored['nll'] - their_nll) < PROBABILITY_TOLERANCE
-  cfg = restored.model.config
-  hidden, weights, bias = restored.model.apply({'params': restored.params}, _padded(pairs.ours_src),
-                                               _padded(pairs.ours_tgt), return_hidden=True)
-  sums = loss.token_sums(hidden, weights, bias, jnp.asarray(_padded(pairs.ours_tgt)), 0.0, 4, cfg.kernels,
-                         cfg.first_output_id)  # training's loss, in chunks of 4 positions
-  assert abs(float(sums['nll']) / tokens - their_nll) < PROBABILITY_TOLERANCE
+  nll = _TRAINING_NLL(restored.model, restored.params, src, tgt)  # training's loss, in chunks of 4 positions
+  assert abs(float(nll) / tokens - their_nll) < PROBABILITY_TOLERANCE
 
 
 def test_fine_tuning_an_imported_model_follows_marians_gradients(pad_rows):
@@ -271,12 +284,8 @@ def test_fine_tuning_an_imported_model_follows_marians_gradients(pad_rows):
   restored = _restore(workdir)
   pairs = _Pairs(model, tokenizer, restored)
   cfg, src, tgt = restored.model.config, _padded(pairs.ours_src), jnp.asarray(_padded(pairs.ours_tgt))
-
-  def our_loss(params):
-    hidden, weights, bias = restored.model.apply({'params': params}, src, tgt, return_hidden=True)
-    return loss.token_sums(hidden, weights, bias, tgt, 0.0, 4, cfg.kernels, cfg.first_output_id)['nll']
-
-  ours = jax.tree.map(np.array, jax.device_get(jax.grad(our_loss)(jax.device_get(restored.params))))
+  ours = jax.tree.map(np.array, jax.device_get(_TRAINING_NLL_GRAD(restored.model, jax.device_get(restored.params),
+                                                                  src, tgt)))
   model.zero_grad()
   model.final_logits_bias.requires_grad_(True)  # a buffer of theirs, a parameter of ours
   logits = model(**_hf_inputs(pairs.theirs_src, pairs.theirs_tgt, model.config.pad_token_id)).logits
@@ -382,7 +391,7 @@ def test_exported_run_scores_targets_as_ours_does(exported):
   ours_tgt = [restored.tokenizer.encode_target(t) + [EOS_ID] for _, t in pairs]
   assert [tokenizer(s)['input_ids'] for s, _ in pairs] == ours_src  # our ids, kept
   assert [tokenizer(text_target=t)['input_ids'] for _, t in pairs] == ours_tgt
-  ours = np.asarray(restored.model.apply({'params': restored.params}, _padded(ours_src), _padded(ours_tgt)))
+  ours = np.asarray(_logits(restored.model, restored.params, _padded(ours_src), _padded(ours_tgt)))
   theirs = _hf_logits(model, ours_src, ours_tgt, model.config.pad_token_id)
   for i, row in enumerate(ours_tgt):
     np.testing.assert_allclose(theirs[i, :len(row)], ours[i, :len(row)], rtol=0, atol=LOGITS_TOLERANCE)
@@ -576,8 +585,8 @@ def test_a_paper_model_exports_with_its_features_permuted_and_scores_as_before(i
   pairs = _test_pairs()
   src = _padded([tok.encode(s) + [EOS_ID] for s, _ in pairs])
   tgt = _padded([tok.encode_target(t) + [EOS_ID] for _, t in pairs])
-  ours = Transformer(cfg.replace(layer_norm_epsilon=marian.MARIAN_EPSILON)).apply({'params': params}, src, tgt)
-  theirs = Transformer(imported_cfg).apply({'params': back}, src, tgt)
+  ours = _logits(Transformer(cfg.replace(layer_norm_epsilon=marian.MARIAN_EPSILON)), params, src, tgt)
+  theirs = _logits(Transformer(imported_cfg), back, src, tgt)
   np.testing.assert_allclose(np.asarray(theirs)[tgt > 0], np.asarray(ours)[tgt > 0], rtol=0, atol=LOGITS_TOLERANCE)
 
 

@@ -11,6 +11,7 @@ steps on top (rtol 1e-4). A restore that lost anything (a fresh initialisation, 
 position) moves these losses by more than 1e-2.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -40,10 +41,18 @@ def _other_line() -> str:
   return OTHER_PYTHON
 
 
+@functools.cache
+def _xla_flags(python: str) -> str:
+  """The tests' fast-compile XLA flags for one device as the line of `python` takes them (`xla_test_flags`: one of
+  them only the older line's XLA has, and the newer stops at an unknown flag)."""
+  return subprocess.run([python, '-c', 'import xla_test_flags; print(xla_test_flags.xla_flags(1))'],
+                        cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True,
+                        check=True).stdout.strip()
+
+
 def _run(python: str, args: list[str]) -> str:
-  # One device and XLA's default flags: what both lines' XLA accept (the tests' fast-compile flags differ by line).
-  result = subprocess.run([python, *args], cwd=helpers.REPO, env=helpers.subprocess_env(1, fast_compile=False),
-                          capture_output=True, text=True, timeout=1200)
+  env = helpers.subprocess_env(1) | {'XLA_FLAGS': _xla_flags(python)}  # one device, each line's own flags
+  result = subprocess.run([python, *args], cwd=helpers.REPO, env=env, capture_output=True, text=True, timeout=1200)
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout + result.stderr
 

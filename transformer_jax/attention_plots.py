@@ -9,6 +9,7 @@ Weights come from a teacher-forced pass over the sentence and its translation (t
 
 import os
 
+import jax
 import jax.numpy as jnp
 import matplotlib
 
@@ -34,8 +35,12 @@ def attention_maps(restored: restoring.Restored, source_ids: list[int], target_i
   """{kind: [layers, heads, query, key] weights} for one example (ids include EOS)."""
   inputs = jnp.asarray([source_ids], jnp.int32)
   targets = jnp.asarray([target_ids], jnp.int32)
-  _, variables = restored.model.apply({'params': restored.params}, inputs, targets, mutable=['intermediates'])
-  inter = layer_layout.convert(variables['intermediates'], scan_layers=False)  # layer_i even when scanned
+
+  @jax.jit  # one program: op by op, each of the pass's operations would be compiled on its own
+  def intermediates(params):
+    return restored.model.apply({'params': params}, inputs, targets, mutable=['intermediates'])[1]['intermediates']
+
+  inter = layer_layout.convert(intermediates(restored.params), scan_layers=False)  # layer_i even when scanned
   cfg = restored.model.config
   maps = {}
   for kind, (stack, module) in KINDS.items():
