@@ -60,8 +60,8 @@ def prepare(name: str, data_dir: str | None) -> str:
 
 class _SayRetries(logging.Filter):
   """urllib3's retry lines ('Retrying (Retry(total=9, ...)) after connection broken by ...') said plainly: which
-  retry of how many this is, and how long tfds goes on trying (urllib3's backoff sleeps, by its own formula; time
-  spent waiting for connections comes on top)."""
+  retry of how many this is, and how long tfds goes on trying: the backoff sleeps before the retries still to come,
+  by urllib3's own formula (it logs a retry after its sleep; time spent waiting for connections comes on top)."""
 
   def __init__(self, name: str):
     super().__init__()
@@ -71,9 +71,9 @@ class _SayRetries(logging.Filter):
     if record.args and isinstance(record.args[0], urllib3_retry.Retry):
       retry, error, url = record.args
       history, waits = list(retry.history), []
-      for _ in range(max(retry.total, 0) + 1):  # this retry's sleep and each later one's
-        waits.append(retry.new(history=tuple(history)).get_backoff_time())
+      for _ in range(max(retry.total, 0)):  # the sleep before each later retry
         history.append(history[-1])
+        waits.append(retry.new(history=tuple(history)).get_backoff_time())
       done = len(retry.history)
       record.msg = '%s: downloading %s failed (%s): retry %d of %d; tfds gives up after about %s more'
       record.args = (self._name, url, type(error).__name__, done, done + max(retry.total, 0),
