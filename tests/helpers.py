@@ -23,6 +23,7 @@ import jax.extend
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 from absl import flags
 
 from transformer_jax import config as config_lib
@@ -322,6 +323,17 @@ def init_model(cfg, **inputs):
   model = JitModel(cfg)
   params = nn.unbox(jax.jit(model.module.init)(jax.random.key(0), **inputs)['params'])
   return model, params
+
+
+def fast_tier(cases, fast) -> list:
+  """`cases` as pytest parameters, each one not in `fast` marked slow: the fast tier (`-m "not slow"`, which CI also
+  runs on the newer jax line) checks a test on the cases it names, the whole suite on every case. A case is a value,
+  or a tuple of values for several argument names."""
+  fast = set(fast)
+  unknown = fast - set(cases)
+  assert not unknown, f'fast-tier cases {sorted(unknown)} are not among {list(cases)}'
+  return [case if case in fast else pytest.param(*(case if isinstance(case, tuple) else (case,)),
+                                                 marks=pytest.mark.slow) for case in cases]
 
 
 def model_variants(base) -> dict:

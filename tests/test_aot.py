@@ -237,7 +237,8 @@ def test_flash_tpu_dropout_kernel_compiles_for_several_key_blocks():
                                                                                            (False, True)]
 
 
-@pytest.mark.parametrize('topology, mesh', [('h100-1', 'data'), ('a100-8', 'fsdp')])
+@pytest.mark.parametrize('topology, mesh', helpers.fast_tier([('h100-1', 'data'), ('a100-8', 'fsdp')],
+                                                        fast=[('h100-1', 'data')]))
 def test_train_step_compiles_for_a_gpu_without_one(topology, mesh):
   """The CUDA plugin compiles for a described GPU on this CPU: the program the GPU would run, with the GPU's
   choices (our Triton kernels for attention dropout, cuBLAS for every product), and costs from hlo_costs, since

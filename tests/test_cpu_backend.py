@@ -33,7 +33,7 @@ def _assert_close(ours, stock):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('attention', ['reference', 'chunked'])
+@pytest.mark.parametrize('attention', helpers.fast_tier(['reference', 'chunked'], fast=['reference']))
 def test_a_bf16_train_step_runs_on_a_cpu_and_follows_float32(attention):
   """XLA:CPU cannot run a product of bf16 operands with a float32 result, which attention's scores and the loss's
   gradient products ask for: `ops.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it

@@ -47,7 +47,7 @@ def test_decoder_only_model_has_no_encoder_and_its_own_output_layer():
   assert untied['decoder']['logits']['kernel'].shape == (32, 40)
 
 
-@pytest.mark.parametrize('name', list(VARIANTS))
+@pytest.mark.parametrize('name', helpers.fast_tier(list(VARIANTS), fast=['dot_product']))
 def test_changing_token_t_changes_no_logit_before_it(name):
   targets = helpers.tokens(1, (2, 10))
   model, params = _init(VARIANTS[name], targets)
@@ -59,7 +59,7 @@ def test_changing_token_t_changes_no_logit_before_it(name):
   assert np.min(np.max(np.abs(np.asarray(a[:, t + 1:] - b[:, t + 1:])), axis=-1)) > 1e-4
 
 
-@pytest.mark.parametrize('name', list(VARIANTS))
+@pytest.mark.parametrize('name', helpers.fast_tier(list(VARIANTS), fast=['scanned']))
 def test_packed_documents_do_not_see_each_other(name):
   docs = [helpers.tokens(10, (1, 4))[0], helpers.tokens(11, (1, 6))[0]]
   packed = {'targets': jnp.concatenate(docs + [jnp.zeros(2, jnp.int32)])[None],
@@ -98,7 +98,8 @@ def _greedy_by_forward_passes(model, params, prompt, steps):
   return ids[len(prompt):]
 
 
-@pytest.mark.parametrize('name', ['post_sinusoidal', 'pre_learned_unshared', 'chunked', 'scanned'])
+@pytest.mark.parametrize('name', helpers.fast_tier(['post_sinusoidal', 'pre_learned_unshared', 'chunked', 'scanned'],
+                                                   fast=['chunked']))
 def test_cached_generation_equals_the_uncached_forward_pass(name):
   cfg = VARIANTS[name]
   model, params = _init(cfg, helpers.tokens(0, (1, 4)))

@@ -71,7 +71,7 @@ def test_sinusoidal_encoding_matches_formula():
 VARIANT_CONFIGS = helpers.model_variants(TINY)
 
 
-@pytest.mark.parametrize('name', list(VARIANT_CONFIGS))
+@pytest.mark.parametrize('name', helpers.fast_tier(list(VARIANT_CONFIGS), fast=['chunked']))
 def test_future_targets_do_not_change_earlier_outputs(name):
   cfg = VARIANT_CONFIGS[name]
   inputs, targets = _tokens(0, (2, 6), [6, 4]), _tokens(1, (2, 8))
@@ -84,7 +84,7 @@ def test_future_targets_do_not_change_earlier_outputs(name):
   assert np.max(np.abs(np.asarray(a[:, 6:] - b[:, 6:]))) > 1e-4
 
 
-@pytest.mark.parametrize('name', list(VARIANT_CONFIGS))
+@pytest.mark.parametrize('name', helpers.fast_tier(list(VARIANT_CONFIGS), fast=['dot_product']))
 def test_padded_positions_change_nothing(name):
   cfg = VARIANT_CONFIGS[name]
   inputs, targets = _tokens(0, (2, 7), [7, 4]), _tokens(1, (2, 8), [8, 5])
@@ -121,7 +121,7 @@ def _packed_pair():
   return packed, src, tgt
 
 
-@pytest.mark.parametrize('name', list(VARIANT_CONFIGS))
+@pytest.mark.parametrize('name', helpers.fast_tier(list(VARIANT_CONFIGS), fast=['pre_learned_unshared']))
 def test_packed_row_equals_separate_examples(name):
   cfg = VARIANT_CONFIGS[name]
   packed, src, tgt = _packed_pair()
@@ -143,7 +143,8 @@ def test_changing_one_segment_leaves_the_other_alone():
   assert np.max(np.abs(np.asarray(a[0, 4:10] - b[0, 4:10]))) > 1e-4
 
 
-@pytest.mark.parametrize('name', ['post_sinusoidal', 'pre_learned_unshared', 'chunked', 'scanned'])
+@pytest.mark.parametrize('name', helpers.fast_tier(['post_sinusoidal', 'pre_learned_unshared', 'chunked', 'scanned'],
+                                                   fast=['scanned']))
 def test_cached_decoding_equals_full_pass(name):
   cfg = VARIANT_CONFIGS[name]
   inputs, targets = _tokens(0, (3, 6), [6, 4, 2]), _tokens(1, (3, 7))

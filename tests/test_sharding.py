@@ -29,8 +29,9 @@ MODELS = {'translator': ({}, ('inputs', 'targets')),
           'lm_scanned': ({**helpers.LM, 'model__scan_layers': True}, ('targets',))}
 
 
-@pytest.fixture(scope='module', params=list(MODELS))
+@pytest.fixture(scope='module')
 def setup(request):
+  """The model named by the test's `setup` parameter, its optimizer, schedule and batches."""
   # Dropout on (0.1): step s uses fold_in(rng, s) on the global arrays, so the masks do not depend on the
   # sharding either. The paper schedule with a short warmup makes the updates large enough to matter.
   overrides, sides = MODELS[request.param]
@@ -68,7 +69,8 @@ def one_device(setup):
   return initial, _train(setup, mesh, rules, state, shardings)
 
 
-@pytest.mark.parametrize('donate_params', [True, False])
+@pytest.mark.parametrize('setup,donate_params', helpers.fast_tier(
+    [(model, donate) for model in MODELS for donate in (True, False)], fast=[('lm_scanned', True)]), indirect=['setup'])
 def test_the_train_step_donates_its_state_and_the_parameters_if_asked(setup, donate_params):
   """The rest of the state is always donated; the parameters unless `donate_params` is off (`steps.donates_params`:
   on a TPU with ZeRO-1). The step computes the same either way."""
@@ -97,7 +99,9 @@ def _equal_up_to_float32_sums(actual, expected):
   np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize('name', list(MESHES))
+@pytest.mark.parametrize('setup,name', helpers.fast_tier(
+    [(model, mesh) for model in MODELS for mesh in MESHES],
+    fast=[('translator', 'dp'), ('translator', 'fsdp_tp'), ('lm_scanned', 'fsdp')]), indirect=['setup'])
 def test_meshes_train_like_one_device(setup, one_device, name):
   config, model, tx, _, _ = setup
   assert jax.device_count() == 8
@@ -126,6 +130,7 @@ def _bytes_per_device(tree) -> dict:
   return totals
 
 
+@pytest.mark.parametrize('setup', list(MODELS), indirect=True)
 def test_fsdp_stores_an_eighth_of_the_params_per_device(setup):
   config, model, tx, _, _ = setup
   mesh, rules = _mesh(config, MESHES['fsdp'], jax.devices())
@@ -148,6 +153,7 @@ def test_fsdp_stores_an_eighth_of_the_params_per_device(setup):
   assert min(replicated.values()) == total
 
 
+@pytest.mark.parametrize('setup', list(MODELS), indirect=True)
 def test_data_parallel_splits_the_optimizer_state_and_keeps_whole_params(setup):
   """mesh.shard_optimizer (ZeRO-1): on the data mesh every device holds all params but 1/8 of Adam's moments
   (test_meshes_train_like_one_device trains with it); off, every device holds all of both."""
