@@ -3,7 +3,9 @@ evaluated and resumed on the other: its orbax checkpoints, input pipeline state,
 
 The other line's Python is TRANSFORMER_JAX_OTHER_PYTHON, which `.ci/run` sets where it installs both lines (a
 Python >= 3.12 beside the default 3.11). Without it, this machine has one line and nothing to compare with: the
-test skips and says how to run it. Set, it must be the other line's Python.
+test skips and says how to run it. Set, it must be the other line's Python. `.ci/run` starts this line's tests
+while the other line still installs: TRANSFORMER_JAX_OTHER_PYTHON_INSTALLED names the file it writes when that
+install ends ('ok' or 'failed'), which the test waits for.
 
 Tolerances: the same float32 computation compiled by two XLA versions, which may fuse and order its reductions
 differently: evaluation sums a few hundred per-token losses (a few ulps: rtol 1e-5), training adds two optimizer
@@ -17,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 import jax
@@ -27,6 +30,8 @@ import helpers
 from transformer_jax.core.workdir import Workdir
 
 OTHER_PYTHON = os.environ.get('TRANSFORMER_JAX_OTHER_PYTHON')
+OTHER_INSTALLED = os.environ.get('TRANSFORMER_JAX_OTHER_PYTHON_INSTALLED')
+INSTALL_WAIT_SECONDS = 1800  # the longest install .ci/run has taken is a few minutes
 EVAL_PY = os.path.join(helpers.REPO, 'eval.py')
 RUN = {'train__num_steps': 6, 'train__checkpoint_every': 2}
 
@@ -35,10 +40,25 @@ def _other_line() -> str:
   if not OTHER_PYTHON:
     pytest.skip('no Python of the other line on this machine: set TRANSFORMER_JAX_OTHER_PYTHON to one with the other '
                 'line of requirements.txt installed (.ci/run does where a Python >= 3.12 exists)')
+  if OTHER_INSTALLED:
+    _wait_for_install(OTHER_INSTALLED)
   other_jax = subprocess.run([OTHER_PYTHON, '-c', 'import jax; print(jax.__version__)'], capture_output=True,
                              text=True, check=True).stdout.strip()
   assert other_jax != jax.__version__, f'TRANSFORMER_JAX_OTHER_PYTHON runs this line\'s jax {other_jax}'
   return OTHER_PYTHON
+
+
+def _wait_for_install(marker: str, seconds: float = INSTALL_WAIT_SECONDS) -> None:
+  """Waits until the file `marker` says how the other line's install ended; fails unless it says 'ok'."""
+  deadline = time.monotonic() + seconds
+  while not os.path.exists(marker):
+    if time.monotonic() > deadline:
+      pytest.fail(f'the other line\'s install wrote nothing to {marker} in {seconds:.0f} s: see .ci/run\'s output')
+    time.sleep(1)
+  with open(marker, encoding='utf-8') as f:
+    outcome = f.read().strip()
+  if outcome != 'ok':
+    pytest.fail(f'the other line\'s install ended "{outcome}" ({marker}): see .ci/run\'s output for pip\'s error')
 
 
 @functools.cache
@@ -101,3 +121,18 @@ def test_deprecations_are_errors_as_pytest_ini_says(module, message, error):
       warn()
   else:
     warn()  # a warning at most, not an error
+
+
+@pytest.mark.parametrize('outcome', ['ok', 'failed', None])
+def test_the_cross_line_test_waits_for_the_other_lines_install_and_fails_on_a_failed_one(tmp_path, outcome):
+  """`.ci/run` writes 'ok' or 'failed' when the newer line's install ends; until then (here: no time left to wait)
+  nothing is written."""
+  marker = tmp_path / 'installed'
+  if outcome:
+    marker.write_text(f'{outcome}\n')
+  if outcome == 'ok':
+    _wait_for_install(str(marker), seconds=0)
+    return
+  expected = 'ended "failed"' if outcome else 'wrote nothing'
+  with pytest.raises(pytest.fail.Exception, match=expected):
+    _wait_for_install(str(marker), seconds=0)
