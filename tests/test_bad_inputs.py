@@ -251,6 +251,7 @@ def test_every_batch_size_is_checked_against_the_devices_first(tmp_path, key, mo
 # --- learned positions: decoding never produces NaN
 
 
+@pytest.mark.slow
 def test_learned_positions_decode_within_the_table_and_never_nan():
   cfg = ModelConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                     dropout=0.0, max_len=12, positional='learned')

@@ -33,7 +33,8 @@ def _assert_close(ours, stock):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('attention', helpers.fast_tier(['reference', 'chunked'], fast=['reference']))
+@pytest.mark.slow
+@pytest.mark.parametrize('attention', ['reference', 'chunked'])
 def test_a_bf16_train_step_runs_on_a_cpu_and_follows_float32(attention):
   """XLA:CPU cannot run a product of bf16 operands with a float32 result, which attention's scores and the loss's
   gradient products ask for: `ops.einsum_f32` casts the operands for a CPU step, so a bf16 step runs (it
@@ -60,7 +61,7 @@ def test_dense_general_backward_equals_autodiff(axis, kernel_shape):
   assert float(jnp.max(jnp.abs(stock[1][1]))) > 0.1  # a real gradient, not zeros on both sides
 
 
-@pytest.mark.parametrize('remat', ['none', 'dots'])
+@pytest.mark.parametrize('remat', helpers.fast_tier(['none', 'dots'], fast=['none']))
 def test_model_loss_and_gradients_are_the_same_with_and_without_the_cpu_kernels(remat):
   cfg = ModelConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                     dropout=0.0, max_len=16, remat=remat)

@@ -80,6 +80,7 @@ def _alone(member: ensemble.Member, search):
   return jax.jit(run)(member.params, _inputs())
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_one_decodes_as_the_model_alone():
   member = _member(SMALL, seed=0)
   alone_tokens, alone_scores = _alone(member, lambda logits_fn, cache, batch: decoding.beam_search(
@@ -103,6 +104,7 @@ def test_two_copies_of_a_model_decode_as_the_model(method):
   np.testing.assert_allclose(copies_scores, scores, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_members_of_different_sizes_decode_with_the_mean_of_their_log_softmaxes():
   members = [_member(SMALL, seed=0), _member(LARGE, seed=1)]
   greedy, _ = _decode(members, 'greedy')
@@ -188,6 +190,7 @@ def test_members_must_share_the_tokenizer(tmp_path):
   assert '\n' not in str(error.value)
 
 
+@pytest.mark.slow
 def test_ensembles_are_evaluated_into_files_named_for_their_members(tmp_path):
   """Each ensemble evaluated from a workdir keeps its own results and translations (named by a digest of its
   members, who are listed inside); the run's own results.json is left as it was."""

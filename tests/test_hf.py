@@ -483,6 +483,7 @@ def test_the_imported_workdir_exports_to_ctranslate2_and_decodes_as_we_do(import
   assert len(set(served)) > 1
 
 
+@pytest.mark.slow
 def test_each_sentence_is_decoded_up_to_its_own_input_length_plus_the_offset(imported, tmp_path):
   """The output limit is per sentence, its input tokens (EOS included) + decode.max_len_offset, whatever else is in
   its batch, in both engines: a random model seldom ends a sentence, so its outputs run to their limits, and a short
@@ -565,6 +566,7 @@ def test_export_then_import_gives_back_the_same_parameters(imported, tmp_path):
   assert back.tokenizer.pieces == restored.tokenizer.pieces
 
 
+@pytest.mark.slow
 def test_a_paper_model_exports_with_its_features_permuted_and_scores_as_before(imported, tmp_path):
   """The paper's interleaved sinusoids, ReLU, no biases: the import of its export holds the same weights with the
   d_model features permuted (even, then odd) and computes the same logits."""

@@ -154,7 +154,8 @@ def test_the_loss_alone_differentiates_as_the_formula():
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(jnp.max(jnp.abs(b))))
 
 
-@pytest.mark.parametrize('share_embeddings,logits_bias', [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize('share_embeddings,logits_bias', helpers.fast_tier(
+    [(True, False), (False, False), (True, True)], fast=[(False, False), (True, True)]))
 def test_model_loss_and_parameter_gradients_equal_those_through_the_logits(share_embeddings, logits_bias):
   """Through the model: the hidden states and pre-softmax weights (`return_hidden`) give the loss and every
   parameter's gradient of the logits path; with shared embeddings the table's gradient sums the lookups' and

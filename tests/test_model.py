@@ -229,6 +229,7 @@ def test_initialisation_scales():
   assert wi.max() <= limit and abs(wi.std() - limit / np.sqrt(3)) < 0.05 * limit
 
 
+@pytest.mark.slow
 def test_remat_gives_the_same_gradients():
   inputs, targets = _tokens(0, (2, 6), [6, 4]), _tokens(1, (2, 7), [7, 5])
   model, params = _init(TINY, inputs, targets)

@@ -156,6 +156,7 @@ def test_weight_decay_is_decoupled():
 # --- gradient accumulation through the real train step
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_large_batch():
   """k micro-batches of B/k rows give the update of one batch of B rows (dropout off: same function)."""
   config = helpers.tiny_config(**helpers.NO_DROPOUT_STEP)

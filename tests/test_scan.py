@@ -40,7 +40,7 @@ def _loss(model, params, batch):
 
 
 @pytest.mark.parametrize('name', helpers.fast_tier(list(CASES),
-                                                   fast=['translator_remat_full', 'lm_remat_dots_pre_untied']))
+                                                   fast=['lm_remat_dots_pre_untied']))
 def test_scanned_stack_computes_what_the_unrolled_stack_computes(name):
   cfg, sides = CASES[name]
   batch = _batch(sides)

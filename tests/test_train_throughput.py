@@ -53,6 +53,7 @@ def test_overrides_parse_numbers_and_booleans():
   assert train_throughput.parse_overrides('logits_bias=False') == {'logits_bias': False}
 
 
+@pytest.mark.slow
 def test_the_variant_is_ours_with_its_model_changes_and_compiler_options():
   """`ours_variant`: an A/B timed in the same rounds as `ours` (e.g. with a logits bias, or an XLA option off)."""
   args = argparse.Namespace(
