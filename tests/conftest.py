@@ -5,7 +5,6 @@ The XLA flags that compile faster are `xla_test_flags`'s. The cache keeps every 
 compiled: a re-run, and the train.py subprocesses of one run, reuse the thousands of small ones too.
 """
 
-import collections
 import fcntl
 import os
 import signal
@@ -25,19 +24,6 @@ import pytest  # noqa: E402  (after the environment above)
 # the default in a child, an ignored signal is not).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def pytest_collection_modifyitems(items):
-  """Modules with the most slow tests first, then the largest: xdist hands out whole modules (pytest.ini's
-  loadscope) in this order, so the end-to-end modules start early and a run ends on short modules, not on a
-  one-test module that trains a model while the other worker has nothing left."""
-  count, slow = collections.Counter(), collections.Counter()
-  for item in items:
-    module = item.nodeid.split('::')[0]
-    count[module] += 1
-    slow[module] += item.get_closest_marker('slow') is not None
-  module = lambda item: item.nodeid.split('::')[0]
-  items.sort(key=lambda item: (-slow[module(item)], -count[module(item)], module(item)))
 
 
 @pytest.fixture(scope='session')
