@@ -4,6 +4,7 @@
 naming what to change (exit status 1); the traceback goes to the log only with --verbosity=1 (for bug reports).
 """
 
+import gc
 import logging as py_logging
 import sys
 import traceback
@@ -204,4 +205,5 @@ def run(main):
       sys.exit(f'error: {one_line(e)}')
 
   _shared_flags_in_help()
+  gc.freeze()  # the libraries' objects, imported by now: neither the collector nor the exit walks them again
   app.run(guarded, flags_parser=parse_flags)
