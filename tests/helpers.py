@@ -370,7 +370,7 @@ from transformer_jax.evaluation import scores  # noqa: F401
 from transformer_jax.inference import restoring  # noqa: F401
 from transformer_jax.jobs import scoring, trainer  # noqa: F401
 scores.moses_tokenize('Warm.', 'de')  # sacremoses compiles its regexes on first use: once here, not per run
-gc.freeze()  # the imports' objects: no child's exit collects them again (about 0.35 s each, bench/RESULTS.md)
+gc.freeze()  # the imports' objects: no child's exit collects them again (bench/RESULTS.md, "Start-up")
 def requests():
   pending = b''
   while chunk := os.read(0, 1 << 16):
