@@ -362,7 +362,7 @@ SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, mo
 # runs the entry point as `python ARGS` would (argv, sys.path, __main__, standard streams on the given files, exit
 # status).
 _FORK_SERVER = r'''
-import gc, json, os, runpy, sys
+import json, os, runpy, sys
 from absl import app  # noqa: F401  (the libraries the entry points import, loaded once for every fork)
 from transformer_jax import cli, config  # noqa: F401
 from transformer_jax.config import mesh as mesh_section
@@ -370,7 +370,6 @@ from transformer_jax.evaluation import scores  # noqa: F401
 from transformer_jax.inference import restoring  # noqa: F401
 from transformer_jax.jobs import scoring, trainer  # noqa: F401
 scores.moses_tokenize('Warm.', 'de')  # sacremoses compiles its regexes on first use: once here, not per run
-gc.freeze()  # the imports' objects: no child's exit collects them again (bench/RESULTS.md, "Start-up")
 def requests():
   pending = b''
   while chunk := os.read(0, 1 << 16):
