@@ -84,3 +84,18 @@ def seeded_runs(tmp_path_factory):
 
   root = made_once(tmp_path_factory, 'seeded_runs', make)
   return [os.path.join(root, 'seed0'), os.path.join(root, 'seed1')]
+
+
+# The modules that take longest, longest first (worker-seconds of the whole suite on 2 cores: bench/RESULTS.md, "CI
+# time"); the rest follow in file order. xdist's loadscope hands each worker the next module as its current one ends
+# (pytest.ini: in this order), so the long ones start early and the two workers end within a short module of each
+# other. The seeded runs' first user comes first: the other modules that use them start after it has made them.
+LONGEST_FIRST = ('test_hf.py', 'test_faults.py', 'test_aot.py', 'test_model.py', 'test_flash_attention.py',
+                 'test_bad_inputs.py', 'test_lines.py', 'test_install.py', 'test_sharding.py', 'test_lm.py',
+                 'test_training.py', 'test_evaluation.py', 'test_ensemble.py', 'test_sweep.py', 'test_checkpoint.py',
+                 'test_export.py', 'test_scan.py', 'test_final_model.py', 'test_loss.py', 'test_cpu_backend.py')
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order within and after
