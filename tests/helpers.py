@@ -360,9 +360,9 @@ SEEDED_RUN = dict(model__vocab_size=1000, model__d_model=64, model__d_ff=256, mo
 
 # The fork server of `EntryPoints`: imports what every entry point imports, then forks a child per request that
 # runs the entry point as `python ARGS` would (argv, sys.path, __main__, standard streams on the given files, exit
-# status).
+# status), `python -c CODE ARGS` included, under a file-size limit if the request gives one.
 _FORK_SERVER = r'''
-import json, os, runpy, sys
+import json, os, resource, runpy, signal, sys
 from absl import app  # noqa: F401  (the libraries the entry points import, loaded once for every fork)
 from transformer_jax import cli, config  # noqa: F401
 from transformer_jax.config import mesh as mesh_section
@@ -383,6 +383,9 @@ for request in requests():
     os.write(1, b'%d\n' % pid)
     os.write(1, b'%d\n' % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     continue
+  if request.get('limit_file_size') is not None:  # writes past it fail (EFBIG) instead of killing the process
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (request['limit_file_size'],) * 2)
   for fd, (path, mode) in enumerate(request['files']):
     opened = os.open(path, mode)
     os.dup2(opened, fd)
@@ -392,6 +395,9 @@ for request in requests():
   if args[0] == '-m':
     sys.argv = args[1:]
     runpy.run_module(args[1], run_name='__main__', alter_sys=True)
+  elif args[0] == '-c':
+    sys.argv, sys.path[0] = ['-c', *args[2:]], ''
+    exec(compile(args[1], '<string>', 'exec'), {'__name__': '__main__'})
   else:
     sys.argv, sys.path[0] = args, os.path.dirname(os.path.abspath(args[0]))
     runpy.run_path(args[0], run_name='__main__')
@@ -404,7 +410,7 @@ class EntryPoints:
   libraries: each run is a fresh process as far as the entry point can tell, without its seconds of imports."""
 
   def __init__(self, directory: str):
-    self._directory, self._count = directory, 0
+    self._directory, self._count, self._running = directory, 0, None
     self._server = subprocess.Popen([sys.executable, '-c', _FORK_SERVER], cwd=REPO, env=subprocess_env(),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 
@@ -416,18 +422,35 @@ class EntryPoints:
     with open(paths[0], 'w' if text else 'wb') as f:
       f.write(stdin or ('' if text else b''))
     files = [(paths[0], os.O_RDONLY)] + [(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for path in paths[1:]]
-    self._server.stdin.write(json.dumps({'args': args, 'files': files}).encode() + b'\n')
-    pid = int(self._line(60))
-    finished = self._line(timeout)
-    if not finished:
+    pid = self.start(args, files)
+    finished = self.wait(timeout)
+    if finished is None:
       os.kill(pid, signal.SIGKILL)
-      self._line(60)
+      self.wait(60)
       raise AssertionError(f'python {" ".join(args)} ran past {timeout} s')
     outputs = []
     for path in paths[1:]:
       with open(path, 'r' if text else 'rb') as f:
         outputs.append(f.read())
-    return subprocess.CompletedProcess([sys.executable, *args], int(finished), *outputs)
+    return subprocess.CompletedProcess([sys.executable, *args], finished, *outputs)
+
+  def start(self, args: list[str], files: list[tuple[str, int]], limit_file_size: int | None = None) -> int:
+    """The pid of `python ARGS` forked with its standard streams on `files` ((path, os.open flags) for 0, 1, 2),
+    running until `wait`: one run at a time per server."""
+    if self._running is not None:  # left running by a failed test: killed, so that the server takes requests again
+      os.kill(self._running, signal.SIGKILL)
+      self.wait(60)
+    request = {'args': args, 'files': files, 'limit_file_size': limit_file_size}
+    self._server.stdin.write(json.dumps(request).encode() + b'\n')
+    self._running = int(self._line(60))
+    return self._running
+
+  def wait(self, timeout: float) -> int | None:
+    """The started run's exit status (negative: the signal that ended it), None if it has not ended in `timeout` s."""
+    if not (finished := self._line(timeout)):
+      return None
+    self._running = None
+    return int(finished)
 
   def _line(self, timeout: float) -> bytes:
     """The server's next line, b'' if none came within `timeout` seconds."""

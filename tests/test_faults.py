@@ -2,6 +2,7 @@
 resumes or stops with one line, and a run killed and resumed (as often as it takes) logs exactly the losses of
 the uninterrupted run, bit for bit."""
 
+import contextlib
 import json
 import os
 import queue
@@ -11,6 +12,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 
@@ -121,29 +124,69 @@ REPORT_PHASES = ('restoring', 'compiling', 'decoding', 'writing')
 _AROUND_MAIN = ('importing jax', 'exiting')
 
 
+@pytest.fixture(scope='module')
+def forks(tmp_path_factory):
+  """The warm fork server (`helpers.EntryPoints`) that `_Run` starts train.py from: one of its own, so that a test can
+  run another train.py through the session's `entry_points` while one of these runs."""
+  server = helpers.EntryPoints(str(tmp_path_factory.mktemp('forks')))
+  yield server
+  server.close()
+
+
+class _Forked:
+  """A run started by `helpers.EntryPoints.start`, with what the tests use of `subprocess.Popen`: pid, send_signal,
+  kill and wait."""
+
+  def __init__(self, server: helpers.EntryPoints, pid: int):
+    self._server, self.pid, self.returncode = server, pid, None
+
+  def send_signal(self, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # ended and reaped by the server: no signal, as for Popen's
+      os.kill(self.pid, signum)
+
+  def kill(self) -> None:
+    self.send_signal(signal.SIGKILL)
+
+  def wait(self, timeout: float) -> int:
+    if self.returncode is None and (status := self._server.wait(timeout)) is None:
+      raise subprocess.TimeoutExpired(f'train.py (pid {self.pid})', timeout)
+    self.returncode = self.returncode if self.returncode is not None else status
+    return self.returncode
+
+
 class _Run:
-  """train.py in a subprocess whose output lines are read by a thread (so waits can time out). `paused`: the points
-  of `_PAUSED` where it stops until `resume()`."""
+  """train.py as `python train.py ...` runs it, its output lines read by a thread (so waits can time out).
+  `paused`: the points of `_PAUSED` where it stops until `resume()`. Forked from the warm server `forks` (without
+  a new interpreter's seconds of imports), except a run that pauses at 'importing jax', which only a new
+  interpreter reaches."""
 
-  def __init__(self, workdir: str, *extra: str, limit_file_size: int | None = None, paused: tuple[str, ...] = (),
-               **overrides):
-    def limits():  # a file-size limit makes writes past it fail (EFBIG) instead of killing the process
-      if limit_file_size is not None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
-
-    command = helpers.train_command(workdir, *extra, **{**RUN, **overrides})
+  def __init__(self, forks: helpers.EntryPoints, workdir: str, *extra: str, limit_file_size: int | None = None,
+               paused: tuple[str, ...] = (), **overrides):
+    args = helpers.train_args(workdir, *extra, **{**RUN, **overrides})
     if paused:
-      command[1:1] = ['-c', _PAUSED, ','.join(paused)]
-    self.process = subprocess.Popen(command, cwd=helpers.REPO, env=helpers.subprocess_env(),
-                                    stdin=subprocess.PIPE if paused else None, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, preexec_fn=limits)
+      args = ['-c', _PAUSED, ','.join(paused), *args]
+    if 'importing jax' in paused:
+      assert limit_file_size is None, 'a file-size limit is for forked runs'
+      self.process = subprocess.Popen([sys.executable, *args], cwd=helpers.REPO, env=helpers.subprocess_env(),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+      self._stdin, output = self.process.stdin, lambda: self.process.stdout
+    else:  # standard streams on named pipes: output read here as it comes, stdin written by resume()
+      pipes = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(workdir)))
+      stdin, stdout = os.path.join(pipes, 'stdin'), os.path.join(pipes, 'output')
+      os.mkfifo(stdin)
+      os.mkfifo(stdout)
+      self._stdin = os.fdopen(os.open(stdin, os.O_RDWR), 'w')  # read-write: opening it does not wait for the run
+      writes = (stdout, os.O_WRONLY)
+      self.process = _Forked(forks, forks.start(args, [(stdin, os.O_RDONLY), writes, writes], limit_file_size))
+      output = lambda: open(stdout, encoding='utf-8')  # pylint: disable=consider-using-with  (the reader's)
     self.lines, self._queue = [], queue.Queue()
-    threading.Thread(target=self._read, daemon=True).start()
+    threading.Thread(target=self._read, args=(output,), daemon=True).start()
 
-  def _read(self):
-    for line in self.process.stdout:
-      self._queue.put(line)
+  def _read(self, output):
+    with output() as lines:  # a named pipe's open waits for the run to open its end
+      for line in lines:
+        self._queue.put(line)
     self._queue.put(None)
 
   def wait_for(self, pattern: str, timeout: float = 300) -> str:
@@ -165,8 +208,8 @@ class _Run:
     return self.process.wait(timeout=60)
 
   def resume(self) -> None:
-    self.process.stdin.write('\n')
-    self.process.stdin.flush()
+    self._stdin.write('\n')
+    self._stdin.flush()
 
   @property
   def output(self) -> str:
@@ -193,11 +236,11 @@ def _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted):
     assert record['loss'] == uninterrupted[1][record['step']], record['step']
 
 
-def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path, uninterrupted, entry_points):
+def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path, uninterrupted, entry_points, forks):
   workdir = _workdir(tmp_path, uninterrupted)
   rng = random.Random(0)
   for _ in range(3):  # kill at a random step (saves are asynchronous: often mid-save), then resume
-    run = _Run(workdir)
+    run = _Run(forks, workdir)
     run.wait_for(f'step {rng.randint(1, NUM_STEPS - 1)}/')
     time.sleep(rng.uniform(0, 0.2))
     run.process.send_signal(signal.SIGKILL)
@@ -209,10 +252,10 @@ def test_sigkill_at_random_moments_resumes_to_the_uninterrupted_losses(tmp_path,
 
 
 def test_a_save_that_runs_out_of_space_stops_the_run_and_the_rerun_resumes(tmp_path, uninterrupted, four_steps,
-                                                                           entry_points):
+                                                                           entry_points, forks):
   workdir = _copy(four_steps, tmp_path)
   # Files of at most 32 KiB: the config, logs and metrics fit, a checkpoint's data file does not.
-  run = _Run(workdir, limit_file_size=1 << 15)
+  run = _Run(forks, workdir, limit_file_size=1 << 15)
   assert run.finish() != 0
   assert 'Traceback' not in run.output, run.output[-3000:]  # orbax's own error lines come without theirs
   (error,) = [line for line in run.lines if line.startswith('error:')]
@@ -286,9 +329,9 @@ def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps,
   assert helpers.tree_digest(Workdir(workdir).checkpoints) == before
 
 
-def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_0(tmp_path, uninterrupted):
+def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_0(tmp_path, uninterrupted, forks):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, paused=_AROUND_MAIN)
+  run = _Run(forks, workdir, paused=_AROUND_MAIN)
   run.wait_for('paused importing jax')  # train.py's first import of jax: before main, long before training
   run.process.send_signal(signal.SIGTERM)
   run.resume()
@@ -299,10 +342,10 @@ def test_sigterm_while_python_imports_jax_stops_before_the_first_step_with_exit_
   assert helpers.checkpoint_steps(workdir) == []
 
 
-def test_sigterm_under_compile_only_ends_the_process_by_the_signal_without_libtpus_stack_trace(tmp_path):
+def test_sigterm_under_compile_only_ends_the_process_by_the_signal_without_libtpus_stack_trace(tmp_path, forks):
   """--compile_only has nothing to save: a signal ends it as the signal's default action would, after one line.
   libtpu (loaded by the compile) prints a stack trace for a SIGTERM left at its default disposition."""
-  run = _Run(str(tmp_path / 'w'), '--compile_only', '--topology=v5e-8', paused=_AROUND_MAIN)
+  run = _Run(forks, str(tmp_path / 'w'), '--compile_only', '--topology=v5e-8', paused=_AROUND_MAIN)
   run.wait_for('paused importing jax')
   run.resume()
   run.wait_for('paused exiting')  # every program compiled and reported: libtpu is loaded
@@ -313,11 +356,9 @@ def test_sigterm_under_compile_only_ends_the_process_by_the_signal_without_libtp
 
 
 def test_more_signals_during_the_preemption_save_and_after_it_do_not_lose_it_or_kill_the_process(tmp_path,
-                                                                                                 uninterrupted):
+                                                                                                 uninterrupted, forks):
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, paused=_AROUND_MAIN, train__num_steps=100_000, train__checkpoint_every=100_000)
-  run.wait_for('paused importing jax')
-  run.resume()
+  run = _Run(forks, workdir, paused=('exiting',), train__num_steps=100_000, train__checkpoint_every=100_000)
   run.wait_for('step 3/')
   sent = time.time()
   for _ in range(3):
@@ -334,9 +375,9 @@ def test_more_signals_during_the_preemption_save_and_after_it_do_not_lose_it_or_
   print(f'SIGTERM to exit: {time.time() - sent:.1f} s; a step took {min(step_seconds):.3f}-{max(step_seconds):.3f} s')
 
 
-def _preempted(workdir, paused=()) -> tuple['_Run', int]:
+def _preempted(forks, workdir, paused=()) -> tuple['_Run', int]:
   """train.py stopped by a SIGTERM after its third step: the run and the step its message says it saved."""
-  run = _Run(workdir, paused=paused, train__num_steps=100_000, train__checkpoint_every=100_000)
+  run = _Run(forks, workdir, paused=paused, train__num_steps=100_000, train__checkpoint_every=100_000)
   run.wait_for('step 3/')
   run.process.send_signal(signal.SIGTERM)
   line = run.wait_for('preempted: saved step')
@@ -344,22 +385,23 @@ def _preempted(workdir, paused=()) -> tuple['_Run', int]:
 
 
 @pytest.mark.parametrize('delay', [0.0, 0.25, 0.5, 0.75, 1.0])
-def test_a_second_signal_up_to_a_second_after_the_preemption_save_still_exits_0(tmp_path, uninterrupted, delay):
+def test_a_second_signal_up_to_a_second_after_the_preemption_save_still_exits_0(tmp_path, uninterrupted, delay,
+                                                                                forks):
   """The process exits 0 however late the second signal comes: while main returns, in the exit hooks or while the
   interpreter finalizes (which gives a signal with a Python handler back its default action)."""
   workdir = _workdir(tmp_path, uninterrupted)
-  run, step = _preempted(workdir)
+  run, step = _preempted(forks, workdir)
   time.sleep(delay)
   run.process.send_signal(signal.SIGTERM)
   assert run.finish() == 0, run.output[-3000:]
   assert helpers.checkpoint_steps(workdir) == [step]
 
 
-def test_signals_while_the_interpreter_finalizes_do_not_kill_the_stopped_run(tmp_path, uninterrupted):
+def test_signals_while_the_interpreter_finalizes_do_not_kill_the_stopped_run(tmp_path, uninterrupted, forks):
   """The moment itself, not a timing that may miss it: the process paused in its finalization, after every exit
   hook, where CPython has given SIGTERM and SIGINT their default action back unless they are ignored."""
   workdir = _workdir(tmp_path, uninterrupted)
-  run, step = _preempted(workdir, paused=('finalizing',))
+  run, step = _preempted(forks, workdir, paused=('finalizing',))
   run.wait_for('paused finalizing')
   run.process.send_signal(signal.SIGTERM)
   run.process.send_signal(signal.SIGINT)
@@ -369,12 +411,12 @@ def test_signals_while_the_interpreter_finalizes_do_not_kill_the_stopped_run(tmp
 
 
 @pytest.mark.parametrize('phase', REPORT_PHASES)
-def test_a_signal_anywhere_in_the_final_evaluation_ends_it_cleanly(tmp_path, uninterrupted, phase):
+def test_a_signal_anywhere_in_the_final_evaluation_ends_it_cleanly(tmp_path, uninterrupted, phase, forks):
   """A SIGTERM while the final evaluation restores, compiles, decodes (a batch on the device) or writes: the
   evaluation stops at its next safe point (between batches, before its files) with exit 0 and the training saved;
   nothing half-written, no fatal error. One that comes once the files are being written lets them finish."""
   workdir = _workdir(tmp_path, uninterrupted)
-  run = _Run(workdir, paused=(phase,), train__num_steps=4)
+  run = _Run(forks, workdir, paused=(phase,), train__num_steps=4)
   run.wait_for(f'paused {phase}')
   run.process.send_signal(signal.SIGTERM)
   run.resume()
@@ -395,7 +437,7 @@ def test_a_signal_anywhere_in_the_final_evaluation_ends_it_cleanly(tmp_path, uni
       assert len(f.read().splitlines()) == saved['num_sentences']
 
 
-def test_a_second_train_py_on_a_workdir_in_use_is_refused_in_one_line(tmp_path, uninterrupted, entry_points):
+def test_a_second_train_py_on_a_workdir_in_use_is_refused_in_one_line(tmp_path, uninterrupted, entry_points, forks):
   workdir = _workdir(tmp_path, uninterrupted)
   with Workdir(workdir).exclusive():  # held by this process, as a first run would hold it
     result = entry_points.run(helpers.train_args(workdir), text=True)
@@ -404,7 +446,7 @@ def test_a_second_train_py_on_a_workdir_in_use_is_refused_in_one_line(tmp_path, 
       f'error: workdir {workdir} is in use by another training run (pid {os.getpid()} on {socket.gethostname()}): '
       'wait for it to finish or stop it, or pass another --workdir.')
   assert not os.path.exists(Workdir(workdir).checkpoints)
-  first = _Run(workdir, train__num_steps=100_000, train__checkpoint_every=1)  # a double launch of train.py
+  first = _Run(forks, workdir, train__num_steps=100_000, train__checkpoint_every=1)  # a double launch of train.py
   first.wait_for('step 2/')
   second = entry_points.run(helpers.train_args(workdir), text=True)
   assert second.returncode == 1
@@ -423,7 +465,7 @@ def _tsv(path, pairs) -> str:
   return str(path)
 
 
-def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, uninterrupted):
+def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, uninterrupted, forks):
   workdir = _workdir(tmp_path, uninterrupted)
   # The built-in corpus as files, the test split a named pipe written once: the trainer's check at start reads that,
   # and the final report blocks reading it again, so the signal is sure to come during the report (which a fast
@@ -438,7 +480,7 @@ def test_sigterm_during_the_final_report_keeps_the_finished_training(tmp_path, u
       fifo.write(pairs.read())
 
   threading.Thread(target=write_once, daemon=True).start()
-  run = _Run(workdir, train__num_steps=4, data__source='files', data__files__train__tsv=train,
+  run = _Run(forks, workdir, train__num_steps=4, data__source='files', data__files__train__tsv=train,
              data__files__validation__tsv=validation, data__files__test__tsv=tmp_path / 'test.tsv')
   run.wait_for('step 4/')
   run.wait_for('restored the final model of')  # the final report has begun
