@@ -7,7 +7,6 @@ import json
 import os
 import queue
 import random
-import resource
 import shutil
 import signal
 import socket
@@ -148,9 +147,10 @@ class _Forked:
     self.send_signal(signal.SIGKILL)
 
   def wait(self, timeout: float) -> int:
-    if self.returncode is None and (status := self._server.wait(timeout)) is None:
-      raise subprocess.TimeoutExpired(f'train.py (pid {self.pid})', timeout)
-    self.returncode = self.returncode if self.returncode is not None else status
+    if self.returncode is None:
+      if (status := self._server.wait(timeout)) is None:
+        raise subprocess.TimeoutExpired(f'train.py (pid {self.pid})', timeout)
+      self.returncode = status
     return self.returncode
 
 
