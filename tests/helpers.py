@@ -422,11 +422,10 @@ class EntryPoints:
     with open(paths[0], 'w' if text else 'wb') as f:
       f.write(stdin or ('' if text else b''))
     files = [(paths[0], os.O_RDONLY)] + [(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for path in paths[1:]]
-    pid = self.start(args, files)
+    self.start(args, files)
     finished = self.wait(timeout)
     if finished is None:
-      os.kill(pid, signal.SIGKILL)
-      self.wait(60)
+      self._kill_running()
       raise AssertionError(f'python {" ".join(args)} ran past {timeout} s')
     outputs = []
     for path in paths[1:]:
@@ -438,8 +437,7 @@ class EntryPoints:
     """The pid of `python ARGS` forked with its standard streams on `files` ((path, os.open flags) for 0, 1, 2),
     running until `wait`: one run at a time per server."""
     if self._running is not None:  # left running by a failed test: killed, so that the server takes requests again
-      os.kill(self._running, signal.SIGKILL)
-      self.wait(60)
+      self._kill_running()
     request = {'args': args, 'files': files, 'limit_file_size': limit_file_size}
     self._server.stdin.write(json.dumps(request).encode() + b'\n')
     self._running = int(self._line(60))
@@ -451,6 +449,11 @@ class EntryPoints:
       return None
     self._running = None
     return int(finished)
+
+  def _kill_running(self) -> None:
+    """Kills the started run and reads its exit status, so that the server takes the next request."""
+    os.kill(self._running, signal.SIGKILL)
+    self.wait(60)
 
   def _line(self, timeout: float) -> bytes:
     """The server's next line, b'' if none came within `timeout` seconds."""
