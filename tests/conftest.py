@@ -66,18 +66,24 @@ def made_once(tmp_path_factory, name: str, make) -> str:
 
 @pytest.fixture(scope='session')
 def seeded_runs(tmp_path_factory):
-  """Two train.py runs of `helpers.SEEDED_RUN` seeded differently (initialisation and data order), sharing one
-  tokenizer: the ensemble's members and the int8 export's model. One device each with XLA's optimisations (300 steps
-  train twice as fast so); made once per session for all workers."""
+  """The README's smoke test (`train.py --config=helpers.SMOKE_CONFIG`, its final report greedy:
+  `helpers.SEEDED_DECODE`) run twice, the second with other seeds (initialisation and data order) and the first's
+  tokenizer: the smoke training's own check and the installed package's run (test_install), the ensemble's members
+  and the exported models. One device each with XLA's optimisations (300 steps train twice as fast so); made once per
+  session for all workers."""
   import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
   import helpers  # pylint: disable=import-outside-toplevel
 
   def make(root):
     for seed in (0, 1):
       workdir = str(root / f'seed{seed}')
+      seeds = []
       if seed:
         helpers.prepare_workdir(workdir, str(root / 'seed0'))  # the first run's tokenizer
-      command = helpers.train_command(workdir, **helpers.SEEDED_RUN, train__seed=seed, pipeline__shuffle_seed=seed)
+        seeds = [f'--config.train.seed={seed}', f'--config.pipeline.shuffle_seed={seed}']
+      command = [sys.executable, helpers.TRAIN_PY, f'--config={helpers.SMOKE_CONFIG}', f'--workdir={workdir}',
+                 *helpers.SEEDED_DECODE, *seeds]
       result = subprocess.run(command, cwd=helpers.REPO, env=helpers.subprocess_env(device_count=1, fast_compile=False),
                               capture_output=True, text=True, timeout=900)
       assert result.returncode == 0, result.stderr[-3000:]

@@ -29,9 +29,9 @@ import helpers
 # Every test here trains a model first (or shares one): end-to-end, so slow.
 pytestmark = pytest.mark.slow
 
-# The model of the exported-run tests: the first seeded run (conftest: 2+2 layers of width 64, 1000 pieces, trained
-# far enough that greedy outputs differ from sentence to sentence).
-VOCAB = helpers.SEEDED_RUN['model__vocab_size']
+# The model of the exported-run tests: the first seeded run (conftest: the smoke test, 2+2 layers of width 64, 1000
+# pieces, trained far enough that greedy outputs differ from sentence to sentence).
+VOCAB = helpers.smoke_config().model.vocab_size
 SENTENCES = 32  # test sentences translated by both engines (a multiple of the 8 simulated devices)
 # float32 on two engines sums in different orders: log-probabilities agree to a few 1e-6 (measured: at most 8e-6
 # on the README main-job model, 3e-6 on these variants). A mapping mistake (a transposed kernel, a head order, a
@@ -272,7 +272,7 @@ def test_the_export_command_writes_a_model_translate_serves_as_ct2_and_as_our_gr
   with open(out / export.SETTINGS_FILE, encoding='utf-8') as f:
     settings = json.load(f)
   assert settings['decode'] == config.decode.to_dict()
-  assert settings['model']['d_model'] == helpers.SEEDED_RUN['model__d_model']
+  assert settings['model']['d_model'] == config.model.d_model
   lines = _test_sources(config)
   result = entry_points.run(['-m', 'transformer_jax.translate', '--engine=ctranslate2', f'--model={out}',
                              '--method=greedy'], ''.join(line + '\n' for line in lines[:3] + [''] + lines[3:]),

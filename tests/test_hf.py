@@ -401,7 +401,11 @@ def test_exported_run_scores_targets_as_ours_does(exported):
 def test_exported_run_generates_and_translates_as_our_greedy_search(exported):
   restored, model, tokenizer, pairs = _load(exported)
   lines = [s for s, _ in pairs]
-  max_decode_len = 40
+  # translate_lines decodes each line up to its input length (EOS included) + decode.max_len_offset tokens: both
+  # engines search greedily up to the longest of those limits, and translate_lines' outputs are theirs cut there.
+  limits = [restored.decode_length(len(restored.tokenizer.encode(s)) + 1, restored.config.decode.max_len_offset)
+            for s in lines]
+  max_decode_len = max(limits)
   ours, _ = _our_decode(restored, [restored.tokenizer.encode(s) + [EOS_ID] for s in lines], max_decode_len,
                         method='greedy')
   with torch.no_grad():
@@ -412,11 +416,6 @@ def test_exported_run_generates_and_translates_as_our_greedy_search(exported):
   # transformers 5 removed pipeline('translation'); generate + batch_decode is what it ran.
   texts = tokenizer.batch_decode(torch.tensor(theirs), skip_special_tokens=True)
   assert texts == [restored.tokenizer.decode(row) for row in ours]  # both tokenizers read the same ids alike
-  # translate_lines decodes each line up to its input length (EOS included) + decode.max_len_offset tokens, within
-  # generate's cap of max_decode_len here: the greedy outputs above, cut there.
-  limits = [restored.decode_length(len(restored.tokenizer.encode(s)) + 1, restored.config.decode.max_len_offset)
-            for s in lines]
-  assert max(limits) <= max_decode_len
   translated = generation.translate_lines(restored, lines, method='greedy')
   assert translated == [restored.tokenizer.decode(row[:limit]) for row, limit in zip(ours, limits)]
   assert sum(EOS_ID in row[:limit] for row, limit in zip(ours, limits)) >= len(lines) // 2  # most end on their own

@@ -1,7 +1,8 @@
-"""pip install . puts transformer_jax into a fresh environment: from another directory, train.py's smoke config
-(configs/default.py:smoke) trains with the installed package to a test BLEU far above 0, the tools run on its
-workdir, and rerunning the finished command only reports its results."""
+"""The README's smoke test (configs/default.py:smoke, conftest's first seeded run) trains to a test BLEU far above
+0; pip install . puts transformer_jax into a fresh environment, from which, in another directory, train.py continues
+that run, the tools read its workdir, and rerunning the finished command only reports its results."""
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import venv
 import pytest
 
 import helpers
+from transformer_jax.core.workdir import Workdir
 
 pytestmark = pytest.mark.slow
 
@@ -62,24 +64,34 @@ def _run(installed, *args, stdin=None, fast_compile=False):
                         timeout=900)
 
 
-def test_the_smoke_config_trains_from_another_directory_with_the_installed_package(installed):
-  _, user, _, purelib = installed
+def test_the_smoke_config_trains_a_model_that_translates(seeded_runs):
+  with open(Workdir(seeded_runs[0]).final_results_file, encoding='utf-8') as f:
+    results = json.load(f)  # greedy (helpers.SEEDED_DECODE); the README's command searches with beam 4
+  assert results['bleu'] > 20, results  # far above 0: a model that translates
+  assert results['averaged_steps'] == [200, 300] and results['num_sentences'] == 200
+
+
+def test_the_installed_package_continues_the_smoke_run_from_another_directory(installed, seeded_runs):
+  _, user, elsewhere, purelib = installed
   where = _run(installed, '-c', 'import transformer_jax; print(transformer_jax.__file__)')
   assert where.stdout.strip() == os.path.join(purelib, 'transformer_jax', '__init__.py'), where.stderr
 
-  command = [str(user / 'train.py'), f'--config={user / "configs" / "default.py"}:smoke', '--workdir=runs/smoke']
+  shutil.copytree(seeded_runs[0], elsewhere / 'runs' / 'smoke')  # the README's smoke command's workdir
+  command = [str(user / 'train.py'), f'--config={user / "configs" / "default.py"}:smoke', '--workdir=runs/smoke',
+             '--config.train.num_steps=320']
   trained = _run(installed, *command)
   assert trained.returncode == 0, trained.stderr[-3000:]
+  assert 'resumed from step 300' in trained.stderr, trained.stderr[-3000:]
   headline = next(line for line in trained.stdout.splitlines() if line.startswith('test: BLEU'))
-  assert float(re.match(r'test: BLEU (\d+\.\d+)', headline).group(1)) > 20, headline  # a model that translates
-  assert headline.endswith('on 200 sentences; params of step(s) [200, 300]')
+  assert float(re.match(r'test: BLEU (\d+\.\d+)', headline).group(1)) > 20, headline
+  assert headline.endswith('on 200 sentences; params of step(s) [300, 320]')
 
   translated = _run(installed, '-m', 'transformer_jax.translate', '--workdir=runs/smoke',
                     stdin='The dog sees the cat.\n\nHe sleeps.\n', fast_compile=True)  # two sentences
   assert translated.returncode == 0, translated.stderr[-3000:]
   assert len(translated.stdout.splitlines()) == 3 and translated.stdout.splitlines()[1] == ''
   assert 'the final model of runs/smoke (its last eval.average_last=2 periodic saves): the average of steps ' \
-         '[200, 300]' in translated.stderr
+         '[300, 320]' in translated.stderr
 
   rerun = _run(installed, *command)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
