@@ -97,8 +97,8 @@ def seeded_runs(tmp_path_factory):
 # (pytest.ini: in this order), so the long ones start early and the two workers end within a short module of each
 # other. The seeded runs' first user comes first: the other modules that use them start after it has made them.
 LONGEST_FIRST = ('test_hf.py', 'test_faults.py', 'test_aot.py', 'test_model.py', 'test_flash_attention.py',
-                 'test_bad_inputs.py', 'test_lines.py', 'test_install.py', 'test_sharding.py', 'test_lm.py',
-                 'test_training.py', 'test_evaluation.py', 'test_ensemble.py', 'test_sweep.py', 'test_checkpoint.py',
+                 'test_bad_inputs.py', 'test_lines.py', 'test_sharding.py', 'test_lm.py', 'test_training.py',
+                 'test_evaluation.py', 'test_ensemble.py', 'test_sweep.py', 'test_install.py', 'test_checkpoint.py',
                  'test_export.py', 'test_scan.py', 'test_final_model.py', 'test_loss.py', 'test_cpu_backend.py')
 
 
