@@ -4,9 +4,11 @@
 naming what to change (exit status 1); the traceback goes to the log only with --verbosity=1 (for bug reports).
 """
 
+import atexit
 import gc
 import logging as py_logging
 import sys
+import threading
 import traceback
 
 from absl import app
@@ -167,15 +169,26 @@ class _QuietLibraries(py_logging.Filter):
 
 
 def _unraisable_in_one_line(previous):
-  """A `sys.unraisablehook`: errors nobody can catch (tensorstore's callbacks into a failed save's closed event
-  loop, after the run has said why it stopped) become one logged line each; --verbosity=1 keeps the traceback."""
+  """A `sys.unraisablehook` for errors nobody can catch: tensorstore's callbacks into the closed event loops of a
+  failed save or restore, dozens of them after the run has said what failed. The first is logged in one line, and at
+  exit how many more came; --verbosity=1 keeps each one's traceback."""
+  lock, count = threading.Lock(), [0]
+
+  def report_the_rest():
+    if count[0] > 1:
+      logging.warning('%d more errors raised where nothing can catch them (--verbosity=1 shows each)', count[0] - 1)
 
   def hook(unraisable):
     if logging.level_debug():
       previous(unraisable)
-    else:
-      logging.warning('an error raised where nothing can catch it (--verbosity=1 shows where): %s',
+      return
+    with lock:
+      count[0] += 1
+      first = count[0] == 1
+    if first:
+      logging.warning('an error raised where nothing can catch it (--verbosity=1 shows each): %s',
                       one_line(unraisable.exc_value))
+      atexit.register(report_the_rest)
 
   return hook
 
@@ -191,8 +204,9 @@ def _shared_flags_in_help() -> None:
 
 def run(main):
   """`app.run(main)` with one-line flag errors, the shared flags in --help, no start-up of accelerators the machine
-  lacks, orbax/grain/asyncio logs kept short, uncatchable (unraisable) errors logged in one line each, USER_ERRORS
-  from `main` as one line on stderr, and the imports' objects frozen for the garbage collector (a quicker exit)."""
+  lacks, orbax/grain/asyncio logs kept short, uncatchable (unraisable) errors logged as one line and a count,
+  USER_ERRORS from `main` as one line on stderr, and the imports' objects frozen for the garbage collector (a quicker
+  exit)."""
 
   def guarded(argv):
     backends.skip_absent_accelerators()
