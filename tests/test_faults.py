@@ -284,8 +284,8 @@ def test_a_checkpoint_whose_data_files_are_cut_is_skipped_by_eval_and_set_aside_
   damaged = os.path.join(Workdir(workdir).checkpoints, '4')
   helpers.damage_checkpoint(damaged, 'process_data_files', size=10)
   digest = helpers.tree_digest(damaged)
-  # A process of its own, as a user starts it: the failed reads' errors that nothing can catch (tensorstore's
-  # callbacks into orbax's closed event loops) do not reach a forked run's hook.
+  # A process of its own, as a user starts it: the errors that nothing can catch, which the failed reads raise in
+  # tensorstore's threads, did not show in a forked run (entry_points).
   result = subprocess.run([sys.executable, 'eval.py', f'--workdir={workdir}'], cwd=helpers.REPO,
                           env=helpers.subprocess_env(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
