@@ -163,7 +163,8 @@ class Callback:
     raise RuntimeError('Event loop is closed')
 def main(argv):
   del argv
-  Callback()
+  for _ in range(3):  # as a failed restore's reads raise them, one per read
+    Callback()
   # A failed write nobody awaits any more, as a failed orbax save leaves them: asyncio logs it when it is collected.
   loop = asyncio.new_event_loop()
   future = loop.create_future()
@@ -187,6 +188,13 @@ def test_an_error_nothing_can_catch_is_one_line_unless_verbose(verbosity):
   assert 'Event loop is closed' in result.stderr
   assert 'exception was never retrieved' in result.stderr and 'Error writing a fragment' in result.stderr
   assert ('Traceback' in result.stderr) == bool(verbosity), result.stderr
+  if not verbosity:  # the first in one line, and at exit how many more came
+    lines = result.stderr.splitlines()
+    assert sum('an error raised where nothing can catch it' in line for line in lines) == 1, result.stderr
+    assert sum(line.endswith('] 2 more errors raised where nothing can catch them (--verbosity=1 shows each)')
+               for line in lines) == 1, result.stderr
+  else:
+    assert result.stderr.count("RuntimeError: Event loop is closed") == 3, result.stderr
 
 
 # --- checkpoints: a damaged one never blocks a run
