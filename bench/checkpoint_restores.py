@@ -4,7 +4,7 @@ Orbax reads every array's metadata (the Adam moments' too) to give a step's tree
 scanned checkpoint from an unrolled one and, since it hands that read to `checkpoint.restore_params`, not again
 for the shape check. A config's train state is saved once; each round restores its params both ways (a second
 `saved_params` read inside `restore_params`, as before, or the first handed over) and reports the medians.
-Example: python -m bench.checkpoint_restores --config=base
+Example: python -m bench.checkpoint_restores --model=base
 """
 
 import argparse
@@ -16,7 +16,7 @@ import time
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--config', choices=('tiny', 'default', 'base'), default='base',
+  parser.add_argument('--model', choices=('tiny', 'default', 'base'), default='base',
                       help="tiny: the tests' 1+1-layer width-16 model; default: configs/default.py's; base: "
                            "configs/wmt14_ende_base.py's")
   parser.add_argument('--rounds', type=int, default=5)
@@ -28,8 +28,8 @@ def main():
   from transformer_jax.training import checkpoint, run_builder  # pylint: disable=import-outside-toplevel
   from transformer_jax import config as config_lib  # pylint: disable=import-outside-toplevel
 
-  config = config_lib.load('configs/wmt14_ende_base.py' if args.config == 'base' else 'configs/default.py')
-  if args.config == 'tiny':
+  config = config_lib.load('configs/wmt14_ende_base.py' if args.model == 'base' else 'configs/default.py')
+  if args.model == 'tiny':
     common.shrink_to_tiny(config)
   config.mesh.shape = {'data': 1, 'fsdp': 1, 'tensor': 1}
   run = run_builder.build(config, jax.devices()[:1])
@@ -59,7 +59,7 @@ def main():
     manager.close()
   rows = []
   for name, times in seconds.items():
-    record = {'bench': 'checkpoint_restores', 'config': args.config, 'arrays_in_step': arrays,
+    record = {'bench': 'checkpoint_restores', 'model': args.model, 'arrays_in_step': arrays,
               'metadata_reads': name, 'restore_s': common.median(times), 'rounds': len(times),
               **common.machine(), 'jax': jax.__version__}
     common.emit(record)

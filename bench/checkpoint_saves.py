@@ -3,7 +3,7 @@
 A config's sharded train state (params and Adam moments, replicated over a data-parallel mesh) is saved
 --saves times with each setting of `checkpoint.make_manager(replica_parallel=...)`, in alternating rounds, and
 the seconds a save blocks the training loop (the device-to-host copy; the write to disk is asynchronous) are
-reported. Example: python -m bench.checkpoint_saves --devices=8 --config=tiny
+reported. Example: python -m bench.checkpoint_saves --devices=8 --model=tiny
 """
 
 import argparse
@@ -16,7 +16,7 @@ import time
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--devices', type=int, default=8, help='simulated CPU devices (a data-parallel mesh)')
-  parser.add_argument('--config', choices=('tiny', 'default'), default='tiny',
+  parser.add_argument('--model', choices=('tiny', 'default'), default='tiny',
                       help="tiny: the tests' 1+1-layer width-16 model; default: configs/default.py's model")
   parser.add_argument('--saves', type=int, default=5, help='timed saves per setting and round')
   parser.add_argument('--rounds', type=int, default=3)
@@ -30,7 +30,7 @@ def main():
   from transformer_jax.training import checkpoint, run_builder  # pylint: disable=import-outside-toplevel
 
   config = default.get_config()
-  if args.config == 'tiny':
+  if args.model == 'tiny':
     common.shrink_to_tiny(config)
   config.mesh.shape = {'data': -1, 'fsdp': 1, 'tensor': 1}
   state = run_builder.build(config).initial_state().as_dict()
@@ -50,7 +50,7 @@ def main():
         manager.close()
   rows = []
   for replica_parallel, times in seconds.items():
-    record = {'bench': 'checkpoint_saves', 'config': args.config, 'devices': jax.device_count(),
+    record = {'bench': 'checkpoint_saves', 'model': args.model, 'devices': jax.device_count(),
               'replica_parallel': replica_parallel, 'save_blocking_s': common.median(times), 'saves': len(times),
               **common.machine(), 'jax': jax.__version__}
     common.emit(record)

@@ -5,10 +5,13 @@ warm-up and prints one JSON line per measurement and a short table at the end. C
   synthetic  --num_pairs Zipf-distributed pseudo-word pairs generated in memory
   builtin    the built-in corpus via transformer_jax.data.sources.load_split (train split)
   files      --num_pairs (>= 1M) synthetic pairs written to two text files in a temp dir, read
-             back with sources.load_split (source='files') or, without sources.py, line by line
+             back with sources.load_split (source='files')
 Example: python -m bench.data_throughput --corpus=synthetic --num_pairs=200000 --seconds=10
 
-The pipeline section's defaults are the paper's batch (~25k tokens a side). With --workers_for=TOKENS_PER_S (the
+The pipeline and tokenizer sections are the config's, their keys changed as train.py's are
+(`--config.pipeline.KEY=VALUE`, `--config.tokenizer.KEY=VALUE`), from their defaults (the paper's batch, ~25k tokens a
+side); no worker processes unless `--config.pipeline.num_workers` says, both batchings unless
+`--config.pipeline.batching` names one. With --workers_for=TOKENS_PER_S (the
 source + target tokens/s a chip's training step consumes, e.g. the H100's base step in bench/RESULTS.md) each row
 also says how many worker processes at this measured rate per worker would keep that chip fed.
 
@@ -17,16 +20,19 @@ also says how many worker processes at this measured rate per worker would keep 
 and reports the ratio (the loader must deliver >= 5x what training consumes).
 """
 
-import argparse
 import math
 import os
 import tempfile
 import time
 
 import numpy as np
+from absl import app
 from absl import flags
+import ml_collections
 
 from bench import common
+from transformer_jax import cli
+from transformer_jax import config as config_lib
 from transformer_jax.config import data as data_section
 from transformer_jax.config import pipeline as pipeline_section
 from transformer_jax.config import tokenizer as tokenizer_section
@@ -56,25 +62,18 @@ def file_pairs(num_pairs: int, directory: str):
     with open(path, 'w', encoding='utf-8') as f:
       f.writelines(pair[side] + '\n' for pair in pairs)
   del pairs
-  try:
-    from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    lines = []
-    for path in paths.values():
-      with open(path, encoding='utf-8') as f:
-        lines.append([line.rstrip('\n') for line in f])
-    return list(zip(*lines))
+  from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
   config = data_section.default_config()
   config.source = 'files'
   config.files = {'train': paths}
   return sources.load_split(config, 'train')
 
 
-def load_corpus(args, directory: str):
-  if args.corpus == 'synthetic':
-    return synthetic_pairs(args.num_pairs)
-  if args.corpus == 'files':
-    return file_pairs(max(args.num_pairs, 1_000_000), directory)
+def load_corpus(corpus: str, num_pairs: int, directory: str):
+  if corpus == 'synthetic':
+    return synthetic_pairs(num_pairs)
+  if corpus == 'files':
+    return file_pairs(max(num_pairs, 1_000_000), directory)
   from transformer_jax.data import sources  # pylint: disable=import-outside-toplevel
   return sources.load_split(data_section.default_config(), 'train')
 
@@ -147,60 +146,91 @@ def default_config_training_ratio(seconds: float, rounds: int) -> list[dict]:
   return results
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--corpus', choices=('synthetic', 'builtin', 'files'), default='synthetic')
-  parser.add_argument('--num_pairs', type=int, default=200_000)
-  parser.add_argument('--batching', choices=(*pipeline_section.BATCHINGS, 'both'), default='both')
-  parser.add_argument('--vocab_size', type=int, default=8000)
-  parser.add_argument('--read_threads', type=int, default=pipeline_section.default_config().read_threads)
-  parser.add_argument('--num_workers', type=int, default=0)
-  parser.add_argument('--seconds', type=float, default=10.0)
-  parser.add_argument('--warmup_batches', type=int, default=20)
-  parser.add_argument('--workers_for', type=float, default=None,
-                      help='source + target tokens/s a chip consumes: report the workers it needs')
-  parser.add_argument('--against_training', action='store_true')
-  parser.add_argument('--rounds', type=int, default=3)
-  args = parser.parse_args()
-  flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags
-  if args.against_training:
-    results = default_config_training_ratio(args.seconds, args.rounds)
-    columns = ('round', 'loader_source_target_tokens_per_s', 'train_step_source_target_tokens_per_s', 'ratio')
-    print('\n' + common.markdown_table(list(columns), [[r[c] for c in columns] for r in results]))
-    return
+def sections() -> ml_collections.ConfigDict:
+  """What --config.KEY=VALUE changes: the pipeline and tokenizer sections, without worker processes by default."""
+  config = ml_collections.ConfigDict({'pipeline': pipeline_section.default_config(),
+                                      'tokenizer': tokenizer_section.default_config()})
+  config.pipeline.num_workers = 0
+  return config
 
+
+def main():
+  """The command: its flags are defined here, when it runs (not when a test imports the module)."""
+  config_flag = cli.define_config_overrides_flag(
+      sections(), 'The pipeline and tokenizer sections, changed as train.py takes them: --config.pipeline.KEY=VALUE, '
+      '--config.tokenizer.KEY=VALUE.')
+  corpus = flags.DEFINE_enum('corpus', 'synthetic', ['synthetic', 'builtin', 'files'], 'The pairs to read.')
+  num_pairs = flags.DEFINE_integer('num_pairs', 200_000, 'Synthetic pairs (files: at least 1M).', lower_bound=1)
+  seconds = flags.DEFINE_float('seconds', 10.0, 'Seconds of batches per measurement.', lower_bound=0.1)
+  warmup_batches = flags.DEFINE_integer('warmup_batches', 20, 'Batches read before each measurement.', lower_bound=0)
+  workers_for = flags.DEFINE_float('workers_for', None, 'Source + target tokens/s a chip consumes: report the '
+                                   'worker processes it needs.', lower_bound=1.0)
+  against_training = flags.DEFINE_bool('against_training', False, "The default config's own pipeline against its "
+                                       'training step, in interleaved rounds (takes no --config.* changes).')
+  rounds = flags.DEFINE_integer('rounds', 3, '--against_training rounds.', lower_bound=1)
+
+  def run(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE.')
+    overrides = cli.overrides()
+    if against_training.value:
+      if overrides:
+        raise ValueError(f'--against_training measures configs/default.py as it is: drop {sorted(overrides)}.')
+      results = default_config_training_ratio(seconds.value, rounds.value)
+      columns = ('round', 'loader_source_target_tokens_per_s', 'train_step_source_target_tokens_per_s', 'ratio')
+      print('\n' + common.markdown_table(list(columns), [[r[c] for c in columns] for r in results]))
+      return
+    config = config_flag.value
+    tokenizer_section.validate(config.tokenizer)
+    batchings = (config.pipeline.batching,) if 'pipeline.batching' in overrides else pipeline_section.BATCHINGS
+    if len(batchings) == 1:
+      config_lib.check_overrides(config, overrides)
+    for batching in batchings:  # before the corpus and the tokenizer: a bad setting fails at once
+      pipeline_section.validate(with_batching(config.pipeline, batching))
+    measure_batchings(config, batchings, corpus.value, num_pairs.value, seconds.value, warmup_batches.value,
+                      workers_for.value)
+
+  cli.run(run)
+
+
+def with_batching(pipeline: ml_collections.ConfigDict, batching: str) -> ml_collections.ConfigDict:
+  pipeline = pipeline.copy_and_resolve_references()
+  pipeline.batching = batching
+  return pipeline
+
+
+def measure_batchings(config, batchings, corpus: str, num_pairs: int, seconds: float, warmup_batches: int,
+                      workers_for: float | None):
+  """The corpus's tokenizer trained (timed), then each batching's pipeline measured: a JSON line each, a table."""
+  num_workers = config.pipeline.num_workers
   with tempfile.TemporaryDirectory() as directory:
     start = time.perf_counter()
-    pairs = load_corpus(args, directory)
-    common.emit({'corpus': args.corpus, 'pairs': len(pairs),
+    pairs = load_corpus(corpus, num_pairs, directory)
+    common.emit({'corpus': corpus, 'pairs': len(pairs),
                  'load_seconds': time.perf_counter() - start, **common.machine(),
                  'load_average_1min': os.getloadavg()[0]})
-    tokenizer_config = tokenizer_section.default_config()
-    tokenizer_config.vocab_size = args.vocab_size
     start = time.perf_counter()
-    tokenizer = tk.load_or_train_tokenizer(tokenizer_config, os.path.join(directory, 'spm.model'), pairs)
+    tokenizer = tk.load_or_train_tokenizer(config.tokenizer, os.path.join(directory, 'spm.model'), pairs)
     common.emit({'tokenizer_train_seconds': time.perf_counter() - start,
-                 'sample_sentences': min(tokenizer_config.sample_size, 2 * len(pairs)),
+                 'sample_sentences': min(config.tokenizer.sample_size, 2 * len(pairs)),
                  'vocab_size': tokenizer.vocab_size})
     results = []
-    for batching in (pipeline_section.BATCHINGS if args.batching == 'both' else (args.batching,)):
-      config = pipeline_section.default_config()
-      config.batching = batching
-      config.read_threads = args.read_threads
-      config.num_workers = args.num_workers
-      result = {'corpus': args.corpus, 'pairs': len(pairs), 'read_threads': args.read_threads,
-                'num_workers': args.num_workers,
-                **measure(pairs, tokenizer, config, args.seconds, args.warmup_batches)}
-      result['source_target_tokens_per_s_per_worker'] = result['source_target_tokens_per_s'] / max(args.num_workers, 1)
-      if args.workers_for:
-        result['workers_needed'] = math.ceil(args.workers_for / result['source_target_tokens_per_s_per_worker'])
+    for batching in batchings:
+      pipeline = with_batching(config.pipeline, batching)
+      result = {'corpus': corpus, 'pairs': len(pairs), 'read_threads': pipeline.read_threads,
+                'num_workers': num_workers,
+                **measure(pairs, tokenizer, pipeline, seconds, warmup_batches)}
+      result['source_target_tokens_per_s_per_worker'] = result['source_target_tokens_per_s'] / max(num_workers, 1)
+      if workers_for:
+        result['workers_needed'] = math.ceil(workers_for / result['source_target_tokens_per_s_per_worker'])
       common.emit(result)
       results.append(result)
 
   columns = ('batching', 'num_workers', 'target_tokens_per_s', 'source_target_tokens_per_s',
              'source_target_tokens_per_s_per_worker', 'examples_per_s', 'batches_per_s', 'target_fill',
-             'target_tokens_per_process_cpu_s') + (('workers_needed',) if args.workers_for else ())
+             'target_tokens_per_process_cpu_s') + (('workers_needed',) if workers_for else ())
   print('\n' + common.markdown_table(list(columns), [[r[c] for c in columns] for r in results]))
+
 
 if __name__ == '__main__':
   main()

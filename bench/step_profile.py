@@ -1,6 +1,6 @@
 """Where a profiled train step's device time goes, by the part of the model each kernel comes from.
 
-Reads what `bench.train_throughput --profile_dir=DIR` writes for one of our runners (DIR/<config>_<impl>/): the
+Reads what `bench.train_throughput --profile_dir=DIR` writes for one of our runners (DIR/<model>_<impl>/): the
 compiled step's optimized HLO and the jax.profiler trace of a few steps. Each GPU kernel names the HLO op that
 launched it (profile with `--xla_flags=--xla_gpu_enable_command_buffer=`: inside a CUDA graph they name the graph
 instead); `hlo_costs` attributes that op to a part of the model from its op_name, as bench.step_costs does for a
@@ -81,7 +81,7 @@ def profile_parts(folder: str, steps: int, chip: str = 'h100') -> list[dict]:
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('folder', help='a <config>_<impl> folder of bench.train_throughput --profile_dir')
+  p.add_argument('folder', help='a <model>_<impl> folder of bench.train_throughput --profile_dir')
   p.add_argument('--steps', type=int, default=3, help='steps in the trace (train_throughput --profile_steps)')
   p.add_argument('--chip', default='h100', choices=list(topologies.CHIPS),
                  help='the chip profiled, for the op-by-op bound')

@@ -1,14 +1,18 @@
 """Training throughput of our jitted train step against `torch.nn.Transformer` (eager or compiled), same sizes.
 
-Configs: `default` (model of configs/default.py; batch and lengths of its pipeline: 32 rows × 64 tokens),
+Models (--models): `default` (model of configs/default.py; batch and lengths of its pipeline: 32 rows × 64 tokens),
 `base` (6+6 layers, d_model 512, d_ff 2048, 8 heads, dropout 0.1) and `big` (6+6 layers, d_model 1024, d_ff 4096,
 16 heads, dropout 0.3), vocab 32000, 32 rows × 64 source and 64 target tokens; float32, Adam(0.9, 0.98, 1e-9),
 label smoothing 0.1, a fixed random batch without padding.
 
+Our model's keys change as train.py's do, `--config.model.KEY=VALUE` (e.g. `--config.model.attention=dot_product`),
+for every model of --models.
+
 ours:  the run as the trainer builds it (run_builder.build: sharded initial state, jitted train step with donated
        state) on one device; `ours_stock` forces model.cpu_kernels=off, `ours_cpu_kernels` forces it on (the
-       default, 'auto', is on only when the device is a CPU); `ours_variant` is ours with --variant_override's
-       model changes and --variant_xla_options' compiler options, an A/B timed in the same rounds as `ours`.
+       default, 'auto', is on only when the device is a CPU); `ours_variant` is ours with the model changes of
+       `--variant.model.KEY=VALUE` on top and --variant_xla_options' compiler options, an A/B timed in the same
+       rounds as `ours`.
 torch: torch.nn.Transformer(batch_first=True, dropout as ours) + a token embedding shared with the output layer
        (×√d_model), sinusoidal positions, causal target mask, cross_entropy(label_smoothing=0.1),
        torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9), eager, torch.set_num_threads(--threads);
@@ -27,24 +31,32 @@ bfloat16 on the first GPU: ours with bf16 compute (float32 params and Adam state
 (cuDNN's fused kernel), torch on CUDA under bf16 autocast (float32 params, fused Adam); adds MFU against the
 device's dense bf16 peak (metrics.peak_flops_per_device) and peak device memory.
 
-Examples (repository root): python -m bench.train_throughput --configs=default,base --rounds=3 --steps=3
-  python -m bench.train_throughput --gpu_paper_batch --configs=base,big --impls=ours,torch,torch_compile
+Examples (repository root): python -m bench.train_throughput --models=default,base --rounds=3 --steps=3
+  python -m bench.train_throughput --gpu_paper_batch --models=base,big --impls=ours,torch,torch_compile
+  python -m bench.train_throughput --models=base --impls=ours,ours_variant --config.model.attention_dropout=0.1 \
+      --variant.model.attention=chunked
 """
 
-import argparse
 import math
 import os
 import resource
 import time
+import types
+
+from absl import app
+from absl import flags
+import ml_collections
 
 from bench import common
+from transformer_jax import cli
+from transformer_jax.config import model as model_section
 from transformer_jax.runtime import host_memory
 
-CONFIGS = ('default', 'base', 'big')
+MODELS = ('default', 'base', 'big')
 
 
 def model_dims(name: str, args):
-  """(ModelConfig, batch rows, source length, target length) of a named config."""
+  """(ModelConfig, batch rows, source length, target length) of a named model, with `args.model_changes`."""
   from transformer_jax.config.model import ModelConfig  # pylint: disable=import-outside-toplevel
   if name == 'default':
     from configs import default  # pylint: disable=import-outside-toplevel
@@ -58,15 +70,21 @@ def model_dims(name: str, args):
       cfg = cfg.replace(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3)
     rows, length = 32, 64
   else:
-    raise SystemExit(f'--configs: unknown {name!r}; use some of {CONFIGS}')
+    raise SystemExit(f'--models: unknown {name!r}; use some of {MODELS}')
   rows = args.rows or rows
   source_len, target_len = args.source_len or length, args.target_len or length
-  cfg = cfg.replace(max_len=max(cfg.max_len, source_len, target_len), **parse_overrides(args.override))
+  cfg = cfg.replace(max_len=max(cfg.max_len, source_len, target_len), **args.model_changes)
   return cfg, rows, source_len, target_len
 
 
-def parse_overrides(text: str) -> dict:
-  """'attention=dot_product,logits_bias=True' -> ModelConfig changes (ints, floats and True/False parsed)."""
+def model_changes(overrides: dict) -> dict:
+  """ModelConfig changes from the `model.KEY` overrides of an overrides flag (`cli.overrides`)."""
+  return {key.removeprefix('model.'): value for key, value in overrides.items()}
+
+
+def parse_xla_options(text: str) -> dict:
+  """'xla_gpu_dot_merger_threshold_mb=0,xla_llvm_disable_expensive_passes=True' -> compiler options (ints, floats
+  and True/False parsed): XLA's names, not config keys."""
   out = {}
   for item in filter(None, (x.strip() for x in text.split(','))):
     key, value = item.split('=', 1)
@@ -256,11 +274,11 @@ def measure(runners, rounds, steps, warmup, pipelined=False):
   return times, cpu_times, memory
 
 
-def throughput_record(name, config_name, cfg, rows, source_len, target_len, step_times, cpu_times, extra=None):
+def throughput_record(name, model_name, cfg, rows, source_len, target_len, step_times, cpu_times, extra=None):
   from transformer_jax.training import metrics  # pylint: disable=import-outside-toplevel
   t = common.median(step_times)
   flops = metrics.train_flops(cfg, rows, source_len, target_len)
-  record = {'config': config_name, 'impl': name, 'rows': rows, 'source_len': source_len, 'target_len': target_len,
+  record = {'model': model_name, 'impl': name, 'rows': rows, 'source_len': source_len, 'target_len': target_len,
             'step_s': t, 'step_times_s': [round(x, 4) for x in step_times],
             # process CPU time (all threads): less load-sensitive; sys time and page faults show fresh memory
             'cpu_s_per_step': common.median([c['user'] + c['sys'] for c in cpu_times]),
@@ -277,9 +295,8 @@ def make_runners(impls, cfg, host_batch, args, device):
   makers = {'ours': lambda: Ours(cfg, host_batch),
             'ours_stock': lambda: Ours(cfg, host_batch, cpu_kernels='off'),
             'ours_cpu_kernels': lambda: Ours(cfg, host_batch, cpu_kernels='on'),
-            'ours_variant': lambda: Ours(cfg.replace(**parse_overrides(args.variant_override)), host_batch,
-                                         name='ours_variant',
-                                         compiler_options=parse_overrides(args.variant_xla_options)),
+            'ours_variant': lambda: Ours(cfg.replace(**args.variant_changes), host_batch, name='ours_variant',
+                                         compiler_options=args.variant_xla_options),
             'torch': lambda: Torch(cfg, host_batch, args.threads, device=device),
             'torch_compile': lambda: Torch(cfg, host_batch, args.threads, device=device, compiled=True)}
   unknown = [name for name in impls if name not in makers]
@@ -292,9 +309,9 @@ def run(args):
   """Every config: the implementations side by side (alternating rounds), a JSON line each, then one table."""
   import jax  # pylint: disable=import-outside-toplevel
   from transformer_jax.training import metrics  # pylint: disable=import-outside-toplevel
-  impls = [x for x in args.impls.split(',') if x]
-  if (args.variant_override or args.variant_xla_options) and 'ours_variant' not in impls:
-    raise SystemExit('--variant_override / --variant_xla_options change ours_variant only: add it to --impls')
+  impls = args.impls
+  if (args.variant_changes or args.variant_xla_options) and 'ours_variant' not in impls:
+    raise SystemExit('--variant.model.* / --variant_xla_options change ours_variant only: add it to --impls')
   if args.gpu_paper_batch and jax.default_backend() != 'gpu':
     raise SystemExit(f'--gpu_paper_batch needs a GPU; JAX runs on {jax.default_backend()!r} here')
   device = jax.devices()[0]
@@ -307,27 +324,26 @@ def run(args):
     info.update(torch=torch.__version__, torch_threads=args.threads)
   if args.gpu_paper_batch:
     args.rows, args.source_len, args.target_len = args.paper_rows, args.paper_length, args.paper_length
-    overrides = {'dtype': 'bfloat16', 'attention': 'dot_product', **parse_overrides(args.override)}
-    args.override = ','.join(f'{k}={v}' for k, v in overrides.items())
+    args.model_changes = {'dtype': 'bfloat16', 'attention': 'dot_product', **args.model_changes}
   common.emit({'bench': 'train_throughput', 'gpu_paper_batch': args.gpu_paper_batch, 'machine': info,
-               'override': args.override, 'malloc': args.malloc, 'pipelined': args.pipelined})
+               'model_changes': args.model_changes, 'malloc': args.malloc, 'pipelined': args.pipelined})
   baseline = next((name for name in ('torch_compile', 'torch') if name in impls), None)  # of '× torch'
   table, variants = [], []
-  for config_name in [c for c in args.configs.split(',') if c]:
-    cfg, rows, source_len, target_len = model_dims(config_name, args)
+  for model_name in args.models:
+    cfg, rows, source_len, target_len = model_dims(model_name, args)
     host_batch = random_batch(rows, source_len, target_len, cfg.vocab_size)
     runners = make_runners(impls, cfg, host_batch, args, 'cuda' if args.gpu_paper_batch else 'cpu')
     times, cpu_times, memory = measure(runners, args.rounds, args.steps, args.warmup, args.pipelined)
     if args.profile_dir:
       for r in runners:
         if isinstance(r, Ours):
-          r.profile(os.path.join(args.profile_dir, f'{config_name}_{r.name}'), args.profile_steps)
+          r.profile(os.path.join(args.profile_dir, f'{model_name}_{r.name}'), args.profile_steps)
     records = {}
     for r in runners:
       model = r.cfg if isinstance(r, Ours) else cfg
       extra = {'compile_s': r.compile_s, 'attention': model.attention, 'remat': model.remat, 'dtype': model.dtype,
                **memory[r.name], **({'xla_options': r.xla_options} if isinstance(r, Ours) else {})}
-      records[r.name] = record = throughput_record(r.name, config_name, model, rows, source_len, target_len,
+      records[r.name] = record = throughput_record(r.name, model_name, model, rows, source_len, target_len,
                                                    times[r.name], cpu_times[r.name], extra)
       if peak:
         record['mfu'] = record['gflops_per_s'] * 1e9 / peak
@@ -337,21 +353,21 @@ def run(args):
     for name in records:
       if baseline and not name.startswith('torch'):
         ratios[name] = records[name]['target_tokens_per_s'] / records[baseline]['target_tokens_per_s']
-        common.emit({'config': config_name, f'{name}_over_{baseline}_tokens_per_s': ratios[name]})
+        common.emit({'model': model_name, f'{name}_over_{baseline}_tokens_per_s': ratios[name]})
     if 'ours' in records and 'ours_variant' in records:  # the A/B, from the same rounds
       variant = records['ours_variant']['target_tokens_per_s'] / records['ours']['target_tokens_per_s']
-      common.emit({'config': config_name, 'ours_variant_over_ours_tokens_per_s': variant,
-                   'variant_override': args.variant_override, 'variant_xla_options': args.variant_xla_options})
-      changes = ', '.join(filter(None, (args.variant_override, args.variant_xla_options)))
-      variants.append(f'{config_name}: ours_variant {variant:.3f}× ours (tokens/s; {changes})')
+      common.emit({'model': model_name, 'ours_variant_over_ours_tokens_per_s': variant,
+                   'variant_changes': args.variant_changes, 'variant_xla_options': args.variant_xla_options})
+      changes = ', '.join(f'{k}={v}' for k, v in {**args.variant_changes, **args.variant_xla_options}.items())
+      variants.append(f'{model_name}: ours_variant {variant:.3f}× ours (tokens/s; {changes})')
     for name, rec in records.items():
-      table.append([config_name, name, f'{rows}×{source_len}+{target_len}', rec['step_s'] * 1e3,
+      table.append([model_name, name, f'{rows}×{source_len}+{target_len}', rec['step_s'] * 1e3,
                     rec['cpu_s_per_step'], rec['target_tokens_per_s'], rec['all_tokens_per_s'],
                     rec['gflops_per_s'], f"{100 * rec['mfu']:.1f}%" if 'mfu' in rec else '',
                     f'{ratios[name]:.2f}' if name in ratios else ''])
     del runners
   print()
-  print(common.markdown_table(['config', 'impl', 'batch (rows×src+tgt)', 'step ms', 'CPU s/step', 'target tok/s',
+  print(common.markdown_table(['model', 'impl', 'batch (rows×src+tgt)', 'step ms', 'CPU s/step', 'target tok/s',
                                'src+tgt tok/s', 'GFLOP/s', 'MFU', '× torch tok/s'], table))
   if baseline:
     print(f'× torch: target tokens/s against {baseline}')
@@ -359,47 +375,67 @@ def run(args):
     print(line)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--configs', default='default,base', help=f'comma-separated, from {CONFIGS}')
-  p.add_argument('--impls', default='ours,torch',
-                 help="comma-separated: 'ours', 'ours_stock' / 'ours_cpu_kernels' (model.cpu_kernels off / on), "
-                      "'ours_variant' (--variant_override, --variant_xla_options), 'torch', 'torch_compile'")
-  p.add_argument('--rounds', type=int, default=3)
-  p.add_argument('--steps', type=int, default=3, help='timed steps per implementation per round')
-  p.add_argument('--warmup', type=int, default=2, help='untimed steps per implementation after compiling')
-  p.add_argument('--pipelined', action='store_true',
-                 help="dispatch each round's steps back to back and wait once, as the trainer keeps steps in flight "
-                      '(train.max_steps_ahead): the host\'s dispatch overlaps the device\'s work')
-  p.add_argument('--threads', type=int, default=2, help='torch.set_num_threads')
-  p.add_argument('--rows', type=int, default=0, help='batch rows (0: the config\'s)')
-  p.add_argument('--source_len', type=int, default=0)
-  p.add_argument('--target_len', type=int, default=0)
-  p.add_argument('--override', default='', help="our ModelConfig changes, e.g. 'attention=dot_product'")
-  p.add_argument('--xla_flags', default=None, help='XLA_FLAGS for this run (set before JAX starts)')
-  p.add_argument('--variant_override', default='',
-                 help="ours_variant's ModelConfig changes on top of --override, e.g. 'logits_bias=True'")
-  p.add_argument('--variant_xla_options', default='',
-                 help="compiler options ours_variant's step adds to ours', e.g. 'xla_gpu_dot_merger_threshold_mb=0'")
-  p.add_argument('--malloc', choices=('system', 'reuse'), default='reuse',
-                 help="'reuse' (what train.py --host_memory=auto does on a CPU): glibc keeps freed memory "
-                      "(host_memory.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults")
-  p.add_argument('--gpu_paper_batch', action='store_true',
-                 help="on the first GPU: the paper's batch, bf16 (ours: bf16 compute; torch: CUDA, bf16 autocast), MFU")
-  p.add_argument('--paper_rows', type=int, default=196, help='--gpu_paper_batch rows (196 × 128 ≈ 25k tokens)')
-  p.add_argument('--paper_length', type=int, default=128, help='--gpu_paper_batch source and target length')
-  p.add_argument('--profile_dir', default='',
-                 help="after the timed rounds, each of our runners' optimized HLO and a profile of --profile_steps "
-                      'steps under <this>/<config>_<impl> (read it with bench.step_profile)')
-  p.add_argument('--profile_steps', type=int, default=3)
-  args = p.parse_args(argv)
-  if args.xla_flags is not None:
-    os.environ['XLA_FLAGS'] = args.xla_flags
-  if args.malloc == 'reuse' and not host_memory.reuse_host_memory():
-    raise SystemExit('--malloc=reuse needs glibc (mallopt)')
-  if args.gpu_paper_batch:  # torch shares the GPU: JAX takes memory as it needs it instead of 75% up front
-    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  run(args)
+def main():
+  """The command: its flags are defined here, when it runs (not when a test imports the module)."""
+  template = ml_collections.ConfigDict({'model': model_section.default_config()})
+  cli.define_config_overrides_flag(template, "Our model's changes, as train.py takes them: --config.model.KEY=VALUE.")
+  cli.define_config_overrides_flag(template, "ours_variant's model changes on top of ours': --variant.model.KEY=VALUE.",
+                                   name='variant')
+  models = flags.DEFINE_list('models', 'default,base', f'Some of {MODELS}.')
+  impls = flags.DEFINE_list(
+      'impls', 'ours,torch', "Some of 'ours', 'ours_stock' / 'ours_cpu_kernels' (model.cpu_kernels off / on), "
+      "'ours_variant' (--variant.model.*, --variant_xla_options), 'torch', 'torch_compile'.")
+  rounds = flags.DEFINE_integer('rounds', 3, 'Rounds in which every implementation takes its steps in turn.',
+                                lower_bound=1)
+  steps = flags.DEFINE_integer('steps', 3, 'Timed steps per implementation per round.', lower_bound=1)
+  warmup = flags.DEFINE_integer('warmup', 2, 'Untimed steps per implementation after compiling.', lower_bound=0)
+  pipelined = flags.DEFINE_bool(
+      'pipelined', False, "Dispatch each round's steps back to back and wait once, as the trainer keeps steps in "
+      "flight (train.max_steps_ahead): the host's dispatch overlaps the device's work.")
+  threads = flags.DEFINE_integer('threads', 2, 'torch.set_num_threads.', lower_bound=1)
+  rows = flags.DEFINE_integer('rows', 0, "Batch rows (0: the model's).", lower_bound=0)
+  source_len = flags.DEFINE_integer('source_len', 0, "Source tokens per row (0: the model's).", lower_bound=0)
+  target_len = flags.DEFINE_integer('target_len', 0, "Target tokens per row (0: the model's).", lower_bound=0)
+  xla_flags = flags.DEFINE_string('xla_flags', None, 'XLA_FLAGS for this run (set before JAX starts).')
+  variant_xla_options = flags.DEFINE_string(
+      'variant_xla_options', '', "Compiler options ours_variant's step adds to ours' (XLA's names, comma-separated), "
+      'e.g. xla_gpu_dot_merger_threshold_mb=0.')
+  malloc = flags.DEFINE_enum(
+      'malloc', 'reuse', ['system', 'reuse'], "'reuse' (what train.py --host_memory=auto does on a CPU): glibc keeps "
+      "freed memory (host_memory.reuse_host_memory), for ours and torch alike; 'system': glibc's defaults.")
+  gpu_paper_batch = flags.DEFINE_bool(
+      'gpu_paper_batch', False, "On the first GPU: the paper's batch, bf16 (ours: bf16 compute; torch: CUDA, bf16 "
+      'autocast), MFU.')
+  paper_rows = flags.DEFINE_integer('paper_rows', 196, '--gpu_paper_batch rows (196 × 128 ≈ 25k tokens).',
+                                    lower_bound=1)
+  paper_length = flags.DEFINE_integer('paper_length', 128, '--gpu_paper_batch source and target length.',
+                                      lower_bound=1)
+  profile_dir = flags.DEFINE_string(
+      'profile_dir', '', "After the timed rounds, each of our runners' optimized HLO and a profile of "
+      '--profile_steps steps under <this>/<model>_<impl> (read it with bench.step_profile).')
+  profile_steps = flags.DEFINE_integer('profile_steps', 3, 'Steps in the profile.', lower_bound=1)
+  flags.register_validator('models', lambda names: names and set(names) <= set(MODELS),
+                           message=f'name some of {MODELS}, comma-separated.')
+
+  def start(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments {argv[1:]}; model changes go in --config.model.KEY=VALUE.')
+    if xla_flags.value is not None:
+      os.environ['XLA_FLAGS'] = xla_flags.value
+    if malloc.value == 'reuse' and not host_memory.reuse_host_memory():
+      raise SystemExit('--malloc=reuse needs glibc (mallopt)')
+    if gpu_paper_batch.value:  # torch shares the GPU: JAX takes memory as it needs it instead of 75% up front
+      os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+    run(types.SimpleNamespace(
+        models=models.value, impls=impls.value, rounds=rounds.value, steps=steps.value, warmup=warmup.value,
+        pipelined=pipelined.value, threads=threads.value, rows=rows.value, source_len=source_len.value,
+        target_len=target_len.value, model_changes=model_changes(cli.overrides()),
+        variant_changes=model_changes(cli.overrides('variant')),
+        variant_xla_options=parse_xla_options(variant_xla_options.value), malloc=malloc.value,
+        gpu_paper_batch=gpu_paper_batch.value, paper_rows=paper_rows.value, paper_length=paper_length.value,
+        profile_dir=profile_dir.value, profile_steps=profile_steps.value))
+
+  cli.run(start)
 
 
 if __name__ == '__main__':

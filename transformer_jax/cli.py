@@ -69,17 +69,18 @@ def define_config_file_flag(default: str, help_string: str):
   return holder
 
 
-def define_config_overrides_flag(base, help_string: str):
-  """--config.key=value overrides of `base`, a template of the config's keys; read them with `overrides()`."""
-  try:  # ml_collections reads the command line's --config.* keys as it defines the flag
-    return config_flags.DEFINE_config_dict('config', base, help_string, lock_config=True)
+def define_config_overrides_flag(base, help_string: str, name: str = 'config'):
+  """--config.key=value overrides of `base`, a template of the config's keys; read them with `overrides()`. Another
+  `name` gives a second set of the same syntax (a benchmark's variant: --variant.key=value)."""
+  try:  # ml_collections reads the command line's --NAME.* keys as it defines the flag
+    return config_flags.DEFINE_config_dict(name, base, help_string, lock_config=True)
   except (KeyError, AttributeError) as e:
-    sys.exit(f'FATAL Flags parsing error: {_flag_error(e, sys.argv, base)}')
+    sys.exit(f'FATAL Flags parsing error: {_flag_error(e, sys.argv, base, name)}')
 
 
-def overrides() -> dict:
-  """The --config.key=value overrides given on the command line, by dotted key."""
-  return dict(config_flags.get_override_values(flags.FLAGS['config']))
+def overrides(name: str = 'config') -> dict:
+  """The --config.key=value overrides (those of the flag `name`) given on the command line, by dotted key."""
+  return dict(config_flags.get_override_values(flags.FLAGS[name]))
 
 
 class CheckpointFlags:
@@ -138,17 +139,17 @@ def _config_read():
   return loaded if loaded is not None else flag.value
 
 
-def _flag_error(error: BaseException, argv=(), config=None) -> str:
-  """One line for a flag error; where `argv` overrides a key that `config` lacks, that key, named in full with the
-  closest keys (`config.unknown_key`)."""
+def _flag_error(error: BaseException, argv=(), config=None, name: str = 'config') -> str:
+  """One line for a flag error; where `argv` overrides (--NAME.key=value) a key that `config` lacks, that key, named
+  in full with the closest keys (`config.unknown_key`)."""
   if isinstance(config, ml_collections.ConfigDict):
     for arg in argv[1:]:
-      key = arg.removeprefix('--config.').split('=', 1)[0]
-      problem = arg.startswith('--config.') and config_lib.unknown_key(config, key)
+      key = arg.removeprefix(f'--{name}.').split('=', 1)[0]
+      problem = arg.startswith(f'--{name}.') and config_lib.unknown_key(config, key)
       if problem:
-        return f'--config.{key}: {problem}'
+        return f'--{name}.{key}: {problem}'
   if isinstance(error, (KeyError, AttributeError)) and getattr(error, 'name', None) != 'get_config':
-    return f'a --config.* override names no key of the config: {one_line(error)}'
+    return f'a --{name}.* override names no key of the config: {one_line(error)}'
   return one_line(error)
 
 
