@@ -77,7 +77,7 @@ print(jax.devices())" 2>&1 | tee "$out/versions.log" || exit 1
   local seconds
   seconds=$(budget 60) || { echo "== bench.attention: skipped, too little time left"; return; }
   echo "== bench.attention"
-  timeout "$seconds" python3 -m bench.attention --lengths=128,256,512,1024 --batch=32 --dtype=bfloat16 --repeats=7 \
+  timeout "$seconds" python3 -m bench.attention --lengths=128,256,512,1024 --batch=32 --config.model.dtype=bfloat16 --repeats=7 \
     --implementations=dot_product,flash_gpu 2>&1 | tee "$out/attention_cudnn_flash.log"
   # the headline, in what is left: base against torch.compile, torch's placement
   throughput 570 base_dropout_torch --models=base --impls=ours,torch_compile --rounds=3 --steps=5 "${dropout[@]}"
