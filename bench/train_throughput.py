@@ -306,7 +306,7 @@ def make_runners(impls, cfg, host_batch, args, device):
 
 
 def run(args):
-  """Every config: the implementations side by side (alternating rounds), a JSON line each, then one table."""
+  """Every model: the implementations side by side (alternating rounds), a JSON line each, then one table."""
   import jax  # pylint: disable=import-outside-toplevel
   from transformer_jax.training import metrics  # pylint: disable=import-outside-toplevel
   impls = args.impls
