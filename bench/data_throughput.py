@@ -202,7 +202,7 @@ def with_batching(pipeline: ml_collections.ConfigDict, batching: str) -> ml_coll
 def measure_batchings(config, batchings, corpus: str, num_pairs: int, seconds: float, warmup_batches: int,
                       workers_for: float | None):
   """The corpus's tokenizer trained (timed), then each batching's pipeline measured: a JSON line each, a table."""
-  num_workers = config.pipeline.num_workers
+  num_workers = pl.num_workers(config.pipeline)  # what the pipeline runs: -1 resolved for this host
   with tempfile.TemporaryDirectory() as directory:
     start = time.perf_counter()
     pairs = load_corpus(corpus, num_pairs, directory)
