@@ -43,8 +43,8 @@ SETTINGS = {'num_heads': 8, 'd_k': 64, 'dtype': 'float32', 'attention_chunk_size
 
 
 def settings(changes: dict) -> ModelConfig:
-  """The attention's settings with `changes` (dotted `model.` keys), checked as a model's: one line for a bad one."""
-  values = {**SETTINGS, **{key.removeprefix('model.'): value for key, value in changes.items()}}
+  """The attention's settings with `changes` (model keys), checked as a model's: one line for a bad one."""
+  values = {**SETTINGS, **changes}
   for name in ('num_heads', 'd_k'):
     if values[name] <= 0:
       raise ValueError(f'model.{name} must be positive, got {values[name]}.')
@@ -94,7 +94,7 @@ def attention_flops(length, batch, heads, d_k):
 
 def main():
   """The command: its flags are defined here, when it runs (not when a test imports the module)."""
-  cli.define_config_overrides_flag(ml_collections.ConfigDict({'model': SETTINGS}),
+  config = cli.define_config_overrides_flag(ml_collections.ConfigDict({'model': SETTINGS}),
                                    "The attention's model keys, as train.py takes them: --config.model.KEY=VALUE.")
   lengths = flags.DEFINE_list('lengths', '512,1024,2048,4096,8192', 'Sequence lengths.')
   implementations = flags.DEFINE_list('implementations', ','.join(IMPLEMENTATIONS),
@@ -114,7 +114,7 @@ def main():
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments {argv[1:]}; settings go in --config.model.KEY=VALUE.')
-    model = settings(cli.overrides())
+    model = settings(config.value.model.to_dict())
     measure(model, [int(x) for x in lengths.value], implementations.value, batch.value, packed.value,
             repeats.value, seconds_per_length.value, max_run_gib.value)
 
