@@ -3,6 +3,7 @@ resumes or stops with one line, and a run killed and resumed (as often as it tak
 the uninterrupted run, bit for bit."""
 
 import contextlib
+import gc
 import json
 import os
 import queue
@@ -303,6 +304,11 @@ def test_a_checkpoint_whose_data_files_are_cut_is_skipped_by_eval_and_set_aside_
   _assert_every_logged_loss_is_the_uninterrupted_one(workdir, uninterrupted)
 
 
+# The failed reads leave errors that nothing can catch (tensorstore's reads of the cut files, and its callbacks into
+# orbax's closed event loops), dozens under load; train.py and eval.py log them as one line and a count (cli.run,
+# checked end to end above). Here, in-process, pytest would show each with its traceback.
+@pytest.mark.filterwarnings(r'ignore:Exception ignored in[\s\S]*(Encountered error while reading array index|Event loop '
+                            r'is closed):pytest.PytestUnraisableExceptionWarning')
 @pytest.mark.parametrize('kind', sorted(helpers.CHECKPOINT_FILES))
 def test_damage_to_any_file_of_a_checkpoint_falls_back_to_the_one_before(kind, tmp_path, uninterrupted, four_steps,
                                                                         caplog):
@@ -320,6 +326,7 @@ def test_damage_to_any_file_of_a_checkpoint_falls_back_to_the_one_before(kind, t
   assert helpers.tree_digest(damaged + '.damaged') == digest
   losses = helpers.losses_by_step(workdir)
   assert {step: losses[step] for step in (3, 4, 5)} == {step: uninterrupted[1][step] for step in (3, 4, 5)}
+  gc.collect()  # the failed reads' coroutines raise here, under this test's filter, not in whichever test runs next
 
 
 def test_a_truncated_tokenizer_stops_the_run_with_one_line(tmp_path, four_steps, entry_points):
